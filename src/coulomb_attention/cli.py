@@ -1,0 +1,93 @@
+"""Command-line interface: parse -> call a phase/experiment -> write results; nothing else.
+
+Each command lives in a module with ``add_arguments(parser)`` and ``run(args) -> int``;
+this file only wires names to modules and turns user errors into a one-line message with
+exit status 2 (no traceback; set ``COULOMB_DEBUG=1`` to see it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from . import __version__
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("coulomb_attention.experiments.demo", "short synthetic fixed-vs-learned comparison"),
+    "synthetic": ("coulomb_attention.experiments.synthetic", "synthetic benchmark grid"),
+    "meanfield": ("coulomb_attention.experiments.meanfield", "particles vs McKean-Vlasov PDE"),
+    "concentration": (
+        "coulomb_attention.experiments.concentration",
+        "spread of learned kernels vs N and beta",
+    ),
+    "train": ("coulomb_attention.experiments.train", "train one Transformer classifier"),
+    "suite": ("coulomb_attention.experiments.suite", "every attention x kernel x task x seed"),
+    "report": ("coulomb_attention.experiments.report", "Markdown report from a results dir"),
+}
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "attention": (
+        "coulomb_attention.experiments.bench_attention",
+        "time/memory of linear attention vs L",
+    ),
+    "langevin": ("coulomb_attention.experiments.bench_langevin", "cost of one Langevin step"),
+}
+
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError,
+               FloatingPointError, EOFError, ImportError)
+
+
+def _add(sub, name: str, module: str, help_: str) -> None:
+    parser = sub.add_parser(name, help=help_, description=help_)
+    mod = importlib.import_module(module)
+    mod.add_arguments(parser)
+    parser.set_defaults(_run=mod.run)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coulomb-attention",
+        description="Learn the kernel of linear attention as a system of interacting particles.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Import only the module of the command being run (fast start-up, isolated failures).
+    wanted = next((a for a in (argv or []) if not a.startswith("-")), None)
+    for name, (module, help_) in COMMANDS.items():
+        if wanted in (None, name):
+            _add(sub, name, module, help_)
+        else:
+            sub.add_parser(name, help=help_)
+    bench = sub.add_parser("bench", help="benchmarks (attention, langevin)")
+    bench_sub = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
+    for name, (module, help_) in BENCHMARKS.items():
+        if wanted in (None, "bench"):
+            _add(bench_sub, name, module, help_)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    run = getattr(args, "_run", None)
+    if run is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(run(args) or 0)
+    except KeyboardInterrupt:
+        print("coulomb-attention: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as exc:
+        if os.environ.get("COULOMB_DEBUG"):
+            raise
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"coulomb-attention: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

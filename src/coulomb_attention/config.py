@@ -1,0 +1,50 @@
+"""Frozen dataclass configs: build from dicts (unknown keys raise), dump to dicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["from_dict", "to_dict", "override"]
+
+
+def from_dict(cls: type[T], data: dict[str, Any] | None) -> T:
+    """Build dataclass ``cls`` from ``data``; nested dataclass fields are built recursively.
+
+    Raises ``ValueError`` naming unknown keys.
+    """
+    data = dict(data or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) for {cls.__name__}: {', '.join(unknown)}; "
+            f"valid: {', '.join(sorted(fields))}"
+        )
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        hint = hints.get(key)
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = from_dict(hint, value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def to_dict(obj) -> dict[str, Any]:
+    """A JSON-friendly dict of a (nested) dataclass."""
+    return dataclasses.asdict(obj)
+
+
+def override(obj: T, changes: dict[str, Any] | None) -> T:
+    """Return a copy of dataclass ``obj`` with ``changes`` applied (unknown keys raise)."""
+    merged = to_dict(obj)
+    for key, value in (changes or {}).items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return from_dict(type(obj), merged)

@@ -1,0 +1,181 @@
+"""Projected Langevin dynamics of the particle system (the paper's Algorithm 1).
+
+    omega_i <- Proj_K( omega_i - eta * N * grad_i H + sqrt(2 eta / beta) xi_i ),   xi_i ~ N(0, I)
+
+Built jax-md style as ``(init_fn, step_fn)`` from an energy-gradient function and a
+projection; ``eta`` and ``beta`` can be overridden per step, so annealing is a schedule
+passed to :func:`run`. ``beta = inf`` is projected gradient descent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .._validation import check_choice, check_positive
+
+__all__ = [
+    "LangevinState",
+    "NonFiniteEnergyError",
+    "SCHEDULES",
+    "make_schedule",
+    "projected_langevin",
+    "run",
+]
+
+EnergyGradFn = Callable[[torch.Tensor, object], tuple[torch.Tensor, torch.Tensor, dict]]
+
+
+class NonFiniteEnergyError(FloatingPointError):
+    """The energy or its gradient became NaN/inf: the run stops instead of writing NaN."""
+
+
+@dataclass
+class LangevinState:
+    """Particles (N, d), the number of steps taken and the noise generator."""
+
+    omega: torch.Tensor
+    step: int
+    generator: torch.Generator
+
+
+def projected_langevin(
+    energy_grad_fn: EnergyGradFn,
+    projection: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    *,
+    eta: float = 1e-2,
+    beta: float = math.inf,
+    max_drift: float | None = None,
+):
+    """Build ``(init_fn, step_fn)``.
+
+    Parameters
+    ----------
+    energy_grad_fn : ``(omega, batch) -> (energy, grad (N, d), info dict)``
+    projection : ``omega -> (projected omega, on-boundary mask (N,))``
+    eta : step size > 0
+    beta : inverse temperature > 0 (``math.inf``: no noise)
+    max_drift : optional cap on the length of each particle's drift step (guards against
+        the singular part of a pair potential); ``None``: no cap.
+
+    Returns
+    -------
+    init_fn(omega, generator) -> LangevinState
+    step_fn(state, batch=None, *, eta=None, beta=None) -> (LangevinState, info dict)
+    """
+    check_positive("eta", eta)
+    check_positive("beta", beta, allow_inf=True)
+    if max_drift is not None:
+        check_positive("max_drift", max_drift)
+
+    def init_fn(omega: torch.Tensor, generator: torch.Generator) -> LangevinState:
+        if omega.ndim != 2:
+            raise ValueError(f"omega must have shape (N, d), got {tuple(omega.shape)}")
+        omega, _ = projection(omega.detach().clone())
+        return LangevinState(omega=omega, step=0, generator=generator)
+
+    def step_fn(state: LangevinState, batch=None, *, eta: float | None = eta, beta=beta):
+        eta_ = check_positive("eta", eta)
+        beta_ = check_positive("beta", beta, allow_inf=True)
+        omega = state.omega
+        n = omega.shape[0]
+        energy, grad, info = energy_grad_fn(omega, batch)
+        if not bool(torch.isfinite(energy)) or not bool(torch.isfinite(grad).all()):
+            raise NonFiniteEnergyError(
+                f"non-finite energy or gradient at Langevin step {state.step} "
+                f"(energy={float(energy)}); lower eta, raise eps, or check the data"
+            )
+        drift = -eta_ * n * grad
+        if max_drift is not None:
+            length = drift.norm(dim=1, keepdim=True)
+            drift = drift * (max_drift / length.clamp_min(max_drift))
+        proposal = omega + drift
+        if math.isfinite(beta_):
+            noise = torch.randn(omega.shape, generator=state.generator, dtype=omega.dtype)
+            proposal = proposal + math.sqrt(2.0 * eta_ / beta_) * noise
+        new_omega, on_boundary = projection(proposal)
+        info = dict(info)
+        info.update(
+            step=state.step,
+            energy=float(energy),
+            boundary_fraction=float(on_boundary.float().mean()),
+            grad_norm=float(grad.norm()),
+            eta=eta_,
+            beta=beta_,
+        )
+        return LangevinState(new_omega, state.step + 1, state.generator), info
+
+    return init_fn, step_fn
+
+
+def _constant(start: float, end: float | None, total: int) -> Callable[[int], float]:
+    return lambda k: start
+
+
+def _cosine(start: float, end: float, total: int) -> Callable[[int], float]:
+    def f(k: int) -> float:
+        t = min(k / max(total - 1, 1), 1.0)
+        return end + 0.5 * (start - end) * (1 + math.cos(math.pi * t))
+
+    return f
+
+
+def _geometric(start: float, end: float, total: int) -> Callable[[int], float]:
+    if math.isinf(end) or math.isinf(start):
+        raise ValueError("a geometric schedule needs finite start and end")
+
+    def f(k: int) -> float:
+        t = min(k / max(total - 1, 1), 1.0)
+        return start * (end / start) ** t
+
+    return f
+
+
+SCHEDULES = {"constant": _constant, "cosine": _cosine, "geometric": _geometric}
+
+
+def make_schedule(
+    name: str, start: float, end: float | None = None, total: int = 1
+) -> Callable[[int], float]:
+    """Schedule ``k -> value``: ``constant``, ``cosine`` (start -> end) or ``geometric``
+    (log-linear start -> end, e.g. annealing beta upward)."""
+    check_choice("schedule", name, SCHEDULES)
+    if name != "constant" and end is None:
+        raise ValueError(f"schedule {name!r} needs an end value")
+    return SCHEDULES[name](start, end, total)
+
+
+def run(
+    init_state: LangevinState,
+    step_fn,
+    n_steps: int,
+    batches: Iterator | None = None,
+    *,
+    eta_schedule: Callable[[int], float] | None = None,
+    beta_schedule: Callable[[int], float] | None = None,
+    callback: Callable[[LangevinState, dict], None] | None = None,
+) -> tuple[LangevinState, list[dict]]:
+    """Run ``n_steps`` steps from ``init_state``; returns the final state and the trace.
+
+    ``batches`` yields one batch per step (``None``: ``step_fn`` gets ``batch=None``).
+    The trace holds one dict per step: energy, alignment, repulsion, boundary fraction, ...
+    ``callback(state, info)`` runs after each step (checkpointing, progress).
+    """
+    n_steps = int(check_positive("n_steps", n_steps, integer=True))
+    state = init_state
+    trace = []
+    for _ in range(n_steps):
+        batch = next(batches) if batches is not None else None
+        kwargs = {}
+        if eta_schedule is not None:
+            kwargs["eta"] = eta_schedule(state.step)
+        if beta_schedule is not None:
+            kwargs["beta"] = beta_schedule(state.step)
+        state, info = step_fn(state, batch, **kwargs)
+        trace.append(info)
+        if callback is not None:
+            callback(state, info)
+    return state, trace

@@ -1,0 +1,37 @@
+"""Energies: kernel-target alignment, Riesz/Coulomb/log pair potentials, the Hamiltonian."""
+
+from .alignment import (
+    AlignmentStats,
+    alignment,
+    alignment_from_stats,
+    alignment_stats,
+    alignment_value_and_grad,
+    encode_labels,
+)
+from .hamiltonian import Hamiltonian
+from .riesz import (
+    POTENTIALS,
+    PairPotential,
+    make_potential,
+    pairwise_sq_dists,
+    riesz_energy,
+    riesz_energy_naive,
+    riesz_grad,
+)
+
+__all__ = [
+    "POTENTIALS",
+    "AlignmentStats",
+    "Hamiltonian",
+    "PairPotential",
+    "alignment",
+    "alignment_from_stats",
+    "alignment_stats",
+    "alignment_value_and_grad",
+    "encode_labels",
+    "make_potential",
+    "pairwise_sq_dists",
+    "riesz_energy",
+    "riesz_energy_naive",
+    "riesz_grad",
+]

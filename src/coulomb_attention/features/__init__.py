@@ -1,0 +1,34 @@
+"""Sampling of particles omega, feature maps (pure functions) and exact kernels."""
+
+from .kernels import gaussian_kernel, softmax_kernel
+from .maps import (
+    FEATURE_MAPS,
+    draw_bias,
+    feature_fn,
+    get_feature_map,
+    log_positive,
+    positive,
+    rff,
+    softmax,
+    softplus,
+)
+from .samplers import SAMPLERS, gaussian, get_sampler, orthogonal, sample
+
+__all__ = [
+    "FEATURE_MAPS",
+    "SAMPLERS",
+    "draw_bias",
+    "feature_fn",
+    "gaussian",
+    "gaussian_kernel",
+    "get_feature_map",
+    "get_sampler",
+    "log_positive",
+    "orthogonal",
+    "positive",
+    "rff",
+    "sample",
+    "softmax",
+    "softmax_kernel",
+    "softplus",
+]

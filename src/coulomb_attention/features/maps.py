@@ -1,0 +1,130 @@
+"""Random-feature maps: pure torch functions of inputs and particles.
+
+Every map takes ``x`` of shape ``(..., d)`` and particles ``omega`` of shape ``(N, d)`` (rows
+are particles) and returns ``Phi`` of shape ``(..., N)``, already scaled so that the empirical
+kernel is ``Phi(x) @ Phi(y).T`` (the ``1/sqrt(N)`` of the design). All maps are
+differentiable in both ``x`` and ``omega``.
+
+| name       | Phi[..., m]                                   | kernel for omega ~ N(0, I) |
+|------------|-----------------------------------------------|----------------------------|
+| rff        | sqrt(2/N) cos(omega_m . x + b_m)              | exp(-|x-y|^2/2)            |
+| positive   | exp(omega_m . x - |x|^2/2 - shift) / sqrt(N)  | exp(x . y) (times exp(-2 shift)) |
+| softplus   | softplus(omega_m . x) / sqrt(N)               | no closed form             |
+| softmax    | softmax_m(omega_m . x)                        | none (N-coupled)           |
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .._validation import check_choice
+
+__all__ = [
+    "rff",
+    "positive",
+    "log_positive",
+    "softplus",
+    "softmax",
+    "FEATURE_MAPS",
+    "get_feature_map",
+    "feature_fn",
+    "draw_bias",
+]
+
+
+def _check(x: torch.Tensor, omega: torch.Tensor) -> None:
+    if omega.ndim != 2:
+        raise ValueError(f"omega must have shape (n_features, d), got {tuple(omega.shape)}")
+    if x.shape[-1] != omega.shape[1]:
+        raise ValueError(
+            f"x has {x.shape[-1]} features per row but omega has d={omega.shape[1]} "
+            f"(x shape {tuple(x.shape)}, omega shape {tuple(omega.shape)})"
+        )
+
+
+def draw_bias(n_features: int, *, generator=None, dtype=torch.float32) -> torch.Tensor:
+    """Phases ``b ~ U[0, 2 pi)`` for :func:`rff`, shape ``(n_features,)``."""
+    return torch.rand(n_features, generator=generator, dtype=dtype) * (2 * math.pi)
+
+
+def rff(x: torch.Tensor, omega: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Random Fourier features ``sqrt(2/N) cos(x @ omega.T + b)``, shape ``(..., N)``.
+
+    ``bias`` (shape ``(N,)``) is required: it is drawn once (:func:`draw_bias`) and travels
+    with the particles.
+    """
+    _check(x, omega)
+    if bias is None:
+        raise ValueError("rff needs bias of shape (n_features,); draw it with draw_bias()")
+    if bias.shape != (omega.shape[0],):
+        raise ValueError(f"bias must have shape ({omega.shape[0]},), got {tuple(bias.shape)}")
+    n = omega.shape[0]
+    return math.sqrt(2.0 / n) * torch.cos(x @ omega.T + bias)
+
+
+def log_positive(x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """``log`` of the unnormalised FAVOR+ feature: ``x @ omega.T - |x|^2/2``, shape ``(..., N)``."""
+    _check(x, omega)
+    return x @ omega.T - 0.5 * (x * x).sum(-1, keepdim=True)
+
+
+def positive(
+    x: torch.Tensor,
+    omega: torch.Tensor,
+    shift: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """Positive random features (FAVOR+) ``exp(x @ omega.T - |x|^2/2 - shift) / sqrt(N)``.
+
+    Computed in at least float32 (also under bf16/fp16 inputs). ``shift`` is subtracted
+    inside the exponential for numerical safety: a scalar (one global shift: the kernel is
+    multiplied by ``exp(-2 shift)``, which normalised alignment ignores), a tensor broadcastable
+    to ``(..., 1)`` (per-row shift, cancels in the attention ratio), or the string-free
+    default ``None`` (no shift, exact kernel ``exp(x . y)``).
+    """
+    logits = log_positive(_upcast(x), _upcast(omega))
+    if shift is not None:
+        logits = logits - shift
+    return torch.exp(logits) / math.sqrt(omega.shape[0])
+
+
+def softplus(x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """Softplus features ``softplus(x @ omega.T) / sqrt(N)``, shape ``(..., N)``."""
+    _check(x, omega)
+    return F.softplus(_upcast(x) @ _upcast(omega).T) / math.sqrt(omega.shape[0])
+
+
+def softmax(x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """Softmax features: ``softmax`` over the N features of ``x @ omega.T``, shape ``(..., N)``."""
+    _check(x, omega)
+    return torch.softmax(_upcast(x) @ _upcast(omega).T, dim=-1)
+
+
+def _upcast(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+FEATURE_MAPS: dict[str, Callable[..., torch.Tensor]] = {
+    "rff": rff,
+    "positive": positive,
+    "softplus": softplus,
+    "softmax": softmax,
+}
+
+
+def get_feature_map(name: str) -> Callable[..., torch.Tensor]:
+    """Look up a feature map; unknown names raise ``ValueError`` listing the valid ones."""
+    return FEATURE_MAPS[check_choice("feature_map", name, FEATURE_MAPS)]
+
+
+def feature_fn(name: str, bias: torch.Tensor | None = None) -> Callable:
+    """A closure ``phi(x, omega) -> Phi`` for map ``name`` (binding the rff ``bias``)."""
+    fn = get_feature_map(name)
+    if name == "rff":
+        if bias is None:
+            raise ValueError("feature map 'rff' needs a bias (see draw_bias)")
+        return lambda x, omega: fn(x, omega, bias)
+    return fn
