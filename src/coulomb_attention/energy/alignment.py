@@ -62,7 +62,8 @@ class AlignmentStats:
         return cls(*tensors)
 
     def __add__(self, other: AlignmentStats) -> AlignmentStats:
-        return AlignmentStats.from_tensors([a + b for a, b in zip(self.tensors(), other.tensors())])
+        pairs = zip(self.tensors(), other.tensors(), strict=True)
+        return AlignmentStats.from_tensors([a + b for a, b in pairs])
 
 
 def alignment_stats(phi: torch.Tensor, y: torch.Tensor) -> AlignmentStats:
@@ -95,7 +96,7 @@ def alignment_from_stats(stats: AlignmentStats, center: bool = True) -> torch.Te
     num = (pty * pty).sum()
     den = torch.linalg.matrix_norm(ptp) * torch.linalg.matrix_norm(yty)
     tiny = torch.finfo(STAT_DTYPE).tiny
-    if float(torch.linalg.matrix_norm(yty)) <= 1e-12:
+    if float(torch.linalg.matrix_norm(yty.detach())) <= 1e-12:
         raise ValueError("alignment needs labels of at least two classes (Y^T Y is zero)")
     return num / den.clamp_min(tiny)
 
@@ -176,14 +177,16 @@ def alignment_value_and_grad(
     with torch.enable_grad():
         value = alignment_from_stats(AlignmentStats.from_tensors(leaves), center=center)
         cotangents = torch.autograd.grad(value, leaves, allow_unused=True)
-    cotangents = [torch.zeros_like(t) if c is None else c for t, c in zip(leaves, cotangents)]
+    cotangents = [
+        torch.zeros_like(t) if c is None else c for t, c in zip(leaves, cotangents, strict=True)
+    ]
     # Pass 2: pull the cotangents of the statistics back to omega, batch by batch.
     w = omega.detach().requires_grad_(True)
     grad = torch.zeros_like(w)
     with torch.enable_grad():
         for inputs, y in batches:
             local = alignment_stats(features(inputs, w), y).tensors()
-            surrogate = sum((c * t).sum() for c, t in zip(cotangents, local))
+            surrogate = sum((c * t).sum() for c, t in zip(cotangents, local, strict=True))
             (g,) = torch.autograd.grad(surrogate, w, allow_unused=True)
             if g is not None:
                 grad += g

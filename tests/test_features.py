@@ -1,0 +1,126 @@
+import math
+
+import pytest
+import torch
+
+from coulomb_attention import features as F
+from helpers import rel_err
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_rff_unbiased_for_gaussian_kernel():
+    g = _gen(1)
+    gamma, d = 0.3, 5
+    x = torch.randn(12, d, generator=g, dtype=torch.float64)
+    exact = F.gaussian_kernel(x, x, gamma)
+    scale = math.sqrt(2 * gamma)
+    # Average of many independent small-N estimates: unbiased => the mean error shrinks ~ 1/sqrt(R).
+    est = torch.zeros_like(exact)
+    reps = 400
+    for _ in range(reps):
+        om = F.sample("gaussian", 32, d, scale=scale, generator=g, dtype=torch.float64)
+        b = F.draw_bias(32, generator=g, dtype=torch.float64)
+        phi = F.rff(x, om, b)
+        est += phi @ phi.T
+    est /= reps
+    assert (est - exact).abs().max() < 0.03
+    # A single large-N draw converges too.
+    om = F.sample("gaussian", 40000, d, scale=scale, generator=g, dtype=torch.float64)
+    phi = F.rff(x, om, F.draw_bias(40000, generator=g, dtype=torch.float64))
+    assert (phi @ phi.T - exact).abs().max() < 0.03
+
+
+def test_positive_features_unbiased_for_softmax_kernel():
+    g = _gen(2)
+    d = 4
+    x = 0.4 * torch.randn(10, d, generator=g, dtype=torch.float64)
+    exact = F.softmax_kernel(x, x)
+    om = F.sample("gaussian", 200000, d, generator=g, dtype=torch.float64)
+    phi = F.positive(x, om)
+    assert (phi > 0).all()
+    assert rel_err(phi @ phi.T, exact) < 0.01
+
+
+def test_orthogonal_sampler_rows_orthogonal_and_chi_norms():
+    g = _gen(3)
+    d = 8
+    om = F.orthogonal(64, d, generator=g, dtype=torch.float64)
+    assert om.shape == (64, d)
+    block = om[:d]
+    dirs = block / block.norm(dim=1, keepdim=True)
+    assert torch.allclose(dirs @ dirs.T, torch.eye(d, dtype=torch.float64), atol=1e-10)
+    big = F.orthogonal(8000, d, generator=g, dtype=torch.float64)
+    # chi(d) norms: E|w|^2 = d, and each coordinate ~ N(0, 1)
+    assert abs(big.pow(2).sum(1).mean().item() - d) < 0.2
+    assert abs(big.var().item() - 1.0) < 0.05
+
+
+def test_orthogonal_features_lower_kernel_error():
+    g = _gen(4)
+    d, n_feat, reps = 16, 16, 200
+    x = torch.randn(20, d, generator=g, dtype=torch.float64) / math.sqrt(d)
+    exact = F.gaussian_kernel(x, x, 0.5)
+    mse = {}
+    for name in ("gaussian", "orthogonal"):
+        errs = []
+        for _ in range(reps):
+            om = F.sample(name, n_feat, d, generator=g, dtype=torch.float64)
+            phi = F.rff(x, om, F.draw_bias(n_feat, generator=g, dtype=torch.float64))
+            errs.append(((phi @ phi.T - exact) ** 2).mean())
+        mse[name] = torch.stack(errs).mean().item()
+    assert mse["orthogonal"] < 0.9 * mse["gaussian"]
+
+
+def test_softmax_and_softplus_maps():
+    g = _gen(5)
+    x = torch.randn(7, 3, generator=g)
+    om = torch.randn(11, 3, generator=g)
+    s = F.softmax(x, om)
+    assert torch.allclose(s.sum(-1), torch.ones(7), atol=1e-6)
+    sp = F.softplus(x, om)
+    assert (sp > 0).all() and sp.shape == (7, 11)
+    assert torch.allclose(sp, torch.nn.functional.softplus(x @ om.T) / math.sqrt(11))
+
+
+def test_positive_low_precision_and_shift():
+    g = _gen(6)
+    x = 30.0 * torch.randn(5, 8, generator=g)
+    om = torch.randn(16, 8, generator=g)
+    logits = F.log_positive(x, om)
+    shift = logits.amax(-1, keepdim=True)
+    for dtype in (torch.float16, torch.bfloat16):
+        phi = F.positive(x.to(dtype), om.to(dtype), shift=shift)
+        assert phi.dtype == torch.float32
+        assert torch.isfinite(phi).all()
+        assert (phi.amax(-1) > 0).all()
+    # The shift scales the features of a row by exp(-shift): ratios are exact.
+    x_small = 0.3 * torch.randn(4, 8, generator=g, dtype=torch.float64)
+    om64 = om.double()
+    a = F.positive(x_small, om64)
+    b = F.positive(x_small, om64, shift=2.0)
+    assert torch.allclose(a * math.exp(-2.0), b)
+
+
+def test_feature_maps_gradients_flow_to_omega():
+    g = _gen(7)
+    x = torch.randn(6, 3, generator=g, dtype=torch.float64)
+    for name in F.FEATURE_MAPS:
+        om = torch.randn(5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+        fn = F.feature_fn(name, bias=F.draw_bias(5, generator=g, dtype=torch.float64))
+        assert torch.autograd.gradcheck(lambda w, fn=fn: fn(x, w), (om,))
+
+
+def test_registry_errors():
+    with pytest.raises(ValueError, match="valid: positive, rff, softmax, softplus"):
+        F.get_feature_map("cosine")
+    with pytest.raises(ValueError, match="valid: gaussian, orthogonal"):
+        F.get_sampler("sobol")
+    with pytest.raises(ValueError, match="n_features"):
+        F.gaussian(0, 3)
+    with pytest.raises(ValueError, match="omega has d=3"):
+        F.positive(torch.zeros(2, 4), torch.zeros(5, 3))
+    with pytest.raises(ValueError, match="bias"):
+        F.rff(torch.zeros(2, 3), torch.zeros(5, 3))
