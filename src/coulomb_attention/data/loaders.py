@@ -174,8 +174,8 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
 # --------------------------------------------------------------------------- row checks
 
 
-def _parse_label(value, where: str, num_labels: int) -> int:
-    if isinstance(value, str) and _INT_RE.match(value.strip()):  # TSV values are strings
+def _parse_label(value, where: str, num_labels: int, from_text: bool) -> int:
+    if from_text and isinstance(value, str) and _INT_RE.match(value.strip()):  # TSV cells
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{where}: label must be an integer, got {value!r}")
@@ -188,8 +188,10 @@ def _parse_label(value, where: str, num_labels: int) -> int:
 
 
 def _convert(
-    rows: Iterator[tuple[int, dict]], spec: TaskSpec, where_prefix: str
+    rows: Iterator[tuple[int, dict]], spec: TaskSpec, where_prefix: str, from_text: bool = False
 ) -> tuple[list[tuple[str, ...]], np.ndarray]:
+    """Check rows and split them into texts and int64 labels (``from_text``: labels may be
+    digit strings, as in a .tsv)."""
     texts: list[tuple[str, ...]] = []
     labels: list[int] = []
     label_names = (spec.label_field, *spec.label_aliases)
@@ -214,7 +216,7 @@ def _convert(
             raise ValueError(
                 f"{where}: missing column {spec.label_field!r} (row has {', '.join(map(str, row))})"
             )
-        labels.append(_parse_label(row[label_col], where, spec.num_labels))
+        labels.append(_parse_label(row[label_col], where, spec.num_labels, from_text))
         texts.append(tuple(item))
     if not texts:
         raise ValueError(f"{where_prefix}: no examples")
@@ -369,7 +371,7 @@ def load_task(
         desc = f"{spec.name}/{actual} from the Hugging Face hub ({source})"
     else:
         path, actual = find_split_file(spec, split, root)
-        texts, labels = _convert(read_rows(path), spec, str(path))
+        texts, labels = _convert(read_rows(path), spec, str(path), path.name.endswith(".tsv"))
         source = str(path)
         desc = f"{spec.name}/{actual} from {path}"
         try:
