@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.utils.estimator_checks import parametrize_with_checks
@@ -18,9 +19,18 @@ from coulomb_attention.estimators import (
     chi2_weights,
 )
 
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny tensors: intra-op threads only add contention on a shared 2-core machine.
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 FAST = [
     RandomFeatures(n_components=16),
-    RandomFeatures(n_components=16, sampler="orthogonal", feature_map="softplus"),
     ImportanceFeatures(n_components=16, pool_size=64),
     ParticleFeatures(n_components=16, n_steps=5, batch_size=64),
     ParticleFeatures(n_components=8, n_steps=3, feature_map="positive", beta=100.0),
@@ -30,3 +40,170 @@ FAST = [
 @parametrize_with_checks(FAST)
 def test_sklearn_compatible(estimator, check):
     check(estimator)
+
+
+def xor_task(n=800, d=10, seed=0):
+    """XOR of the signs of 2 informative coordinates, d - 2 noise coordinates."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    y = (X[:, 0] * X[:, 1] > 0).astype(int)
+    return X, y
+
+
+@pytest.mark.parametrize("fmap", ["rff", "positive", "softplus", "softmax"])
+@pytest.mark.parametrize("cls", [RandomFeatures, ImportanceFeatures, ParticleFeatures])
+def test_pipeline_shapes_and_maps(cls, fmap):
+    X, y = xor_task(n=200, d=4)
+    kw = {"n_steps": 5} if cls is ParticleFeatures else {}
+    est = cls(n_components=12, feature_map=fmap, random_state=0, **kw)
+    pipe = make_pipeline(est, LogisticRegression(max_iter=500)).fit(X, y)
+    phi = pipe[0].transform(X)
+    assert phi.shape == (200, 12) and phi.dtype == np.float64
+    assert np.isfinite(phi).all()
+    assert pipe[0].omega_.shape == (12, 4)
+    assert 0.0 <= pipe.score(X, y) <= 1.0
+
+
+def test_random_features_rff_is_unbiased_gaussian_kernel():
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((30, 3))
+    est = RandomFeatures(n_components=20000, gamma=0.3, random_state=0).fit(X)
+    phi = est.transform(X)
+    exact = np.exp(-0.3 * ((X[:, None] - X[None]) ** 2).sum(-1))
+    assert np.abs(phi @ phi.T - exact).max() < 0.05
+    assert est.gamma_ == 0.3
+    # gamma="scale" is 1 / (d * X.var())
+    assert math.isclose(RandomFeatures(4).fit(X).gamma_, 1.0 / (3 * X.var()))
+
+
+@pytest.mark.parametrize("cls", [RandomFeatures, ImportanceFeatures, ParticleFeatures])
+def test_deterministic_given_random_state(cls):
+    X, y = xor_task(n=300, d=5)
+    kw = {"n_steps": 10} if cls is ParticleFeatures else {}
+    a = cls(n_components=16, random_state=3, **kw).fit(X, y)
+    b = cls(n_components=16, random_state=3, **kw).fit(X, y)
+    c = cls(n_components=16, random_state=4, **kw).fit(X, y)
+    np.testing.assert_array_equal(a.omega_, b.omega_)
+    np.testing.assert_array_equal(a.transform(X), b.transform(X))
+    assert not np.array_equal(a.omega_, c.omega_)
+
+
+def test_learning_increases_alignment_and_history():
+    X, y = xor_task(n=600, d=6)
+    est = ParticleFeatures(n_components=32, n_steps=60, random_state=0).fit(X, y)
+    assert len(est.history_) == 60
+    for key in ("energy", "alignment", "repulsion", "boundary_fraction"):
+        assert all(math.isfinite(h[key]) for h in est.history_)
+    first = np.mean([h["alignment"] for h in est.history_[:5]])
+    last = np.mean([h["alignment"] for h in est.history_[-5:]])
+    assert last > first + 0.1
+    assert est.alignment_ > est.initial_alignment_ + 0.1
+    # the score method is the centered alignment on the given data
+    fixed = RandomFeatures(n_components=32, random_state=0).fit(X, y)
+    assert est.score(X, y) > fixed.score(X, y) + 0.1
+
+
+def test_multiclass_and_string_labels():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 3))
+    y = np.array(["a", "b", "c"])[np.digitize(X[:, 0], [-0.5, 0.5])]
+    est = ParticleFeatures(n_components=16, n_steps=20, random_state=0).fit(X, y)
+    assert est.alignment_ > est.initial_alignment_
+    pipe = make_pipeline(ImportanceFeatures(16, random_state=0), LogisticRegression())
+    assert pipe.fit(X, y).score(X, y) > 0.5
+
+
+def test_particles_beat_fixed_features_at_equal_n():
+    X, y = xor_task(n=1200, d=10, seed=0)
+    Xtr, ytr, Xte, yte = X[:600], y[:600], X[600:], y[600:]
+    accs = {}
+    for name, est in [
+        ("fixed", RandomFeatures(n_components=32, random_state=0)),
+        ("particles", ParticleFeatures(n_components=32, random_state=0)),
+    ]:
+        pipe = make_pipeline(est, LogisticRegression(max_iter=1000)).fit(Xtr, ytr)
+        accs[name] = pipe.score(Xte, yte)
+    assert accs["particles"] > accs["fixed"] + 0.1, accs
+
+
+def test_chi2_weights_satisfy_constraint_and_improve_objective():
+    rng = np.random.default_rng(0)
+    scores = rng.exponential(size=500)
+    for rho in (0.1, 1.0, 10.0):
+        q = chi2_weights(scores, rho)
+        assert q.min() >= 0 and math.isclose(q.sum(), 1.0, rel_tol=1e-9)
+        assert chi2_divergence(q) <= rho * (1 + 1e-6)
+        assert chi2_divergence(q) >= rho * (1 - 1e-3)  # the constraint is active
+        assert q @ scores > scores.mean()
+    # a larger radius can only improve the objective
+    assert chi2_weights(scores, 10.0) @ scores > chi2_weights(scores, 1.0) @ scores
+    # huge radius: all mass on the arg-max
+    assert chi2_weights(scores, 1e6)[np.argmax(scores)] == 1.0
+
+    X, y = xor_task(n=400, d=4)
+    est = ImportanceFeatures(n_components=16, pool_size=160, rho=2.0, random_state=0).fit(X, y)
+    assert est.weights_.shape == (160,)
+    assert chi2_divergence(est.weights_) <= 2.0 * (1 + 1e-6)
+    assert np.all(est.weights_[est.pool_indices_] > 0)  # resampled only from the support
+
+
+BAD = [
+    (dict(n_components=0), ValueError, "n_components"),
+    (dict(n_components=2.5), ValueError, "n_components"),
+    (dict(feature_map="nope"), ValueError, "rff"),
+    (dict(sampler="nope"), ValueError, "gaussian"),
+    (dict(gamma=-1.0), ValueError, "gamma"),
+    (dict(gamma="auto"), ValueError, "scale"),
+]
+BAD_PARTICLES = [
+    (dict(beta=0.0), ValueError, "beta"),
+    (dict(beta=-1.0), ValueError, "beta"),
+    (dict(radius=0.0), ValueError, "radius"),
+    (dict(s=-1.0), ValueError, "s must"),
+    (dict(potential="gravity"), ValueError, "coulomb"),
+    (dict(projection="sphere"), ValueError, "ball"),
+    (dict(lam=-0.1), ValueError, "lam"),
+    (dict(eta=0.0), ValueError, "eta"),
+    (dict(n_steps=0), ValueError, "n_steps"),
+    (dict(eta_schedule="linear"), ValueError, "cosine"),
+    (dict(beta_schedule="geometric"), ValueError, "beta_start"),
+    (dict(learn_bias=True, feature_map="softplus"), ValueError, "learn_bias"),
+    (dict(center="yes"), TypeError, "center"),
+]
+
+
+@pytest.mark.parametrize(
+    "cls,params,exc,match",
+    [(c, *b) for c in (RandomFeatures, ImportanceFeatures, ParticleFeatures) for b in BAD]
+    + [(ParticleFeatures, *b) for b in BAD_PARTICLES]
+    + [(ImportanceFeatures, dict(rho=0.0), ValueError, "rho")],
+)
+def test_bad_parameters_raise(cls, params, exc, match):
+    X, y = xor_task(n=50, d=3)
+    with pytest.raises(exc, match=match):
+        cls(**params).fit(X, y)
+
+
+@pytest.mark.parametrize("cls", [ImportanceFeatures, ParticleFeatures])
+def test_bad_inputs_raise(cls):
+    X, y = xor_task(n=50, d=3)
+    est = cls(n_components=4, **({"n_steps": 2} if cls is ParticleFeatures else {}))
+    with pytest.raises(ValueError, match="class"):
+        est.fit(X, np.zeros(50))
+    Xn = X.copy()
+    Xn[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        est.fit(Xn, y)
+    Xi = X.copy()
+    Xi[0, 0] = np.inf
+    with pytest.raises(ValueError, match="infinity"):
+        est.fit(Xi, y)
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        est.fit(X, y[:-1])
+    with pytest.raises(ValueError, match="2D array"):
+        est.fit(X[:, 0], y)
+    with pytest.raises(ValueError, match="y"):
+        est.fit(X, None)
+    est.fit(X, y)
+    with pytest.raises(ValueError, match="features"):
+        est.transform(X[:, :2])
