@@ -1,0 +1,311 @@
+"""Multi-head kernel (linear) attention with particles omega held as a buffer.
+
+The layer holds the state (projections, ``omega``); the mathematics lives in
+:mod:`coulomb_attention.features` (the feature maps) and :mod:`.functional` (the attention
+ops). ``omega`` changes only through :meth:`KernelAttention.load_features_` and
+:meth:`KernelAttention.redraw_`, never in ``forward``; it is saved in the ``state_dict``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import features
+from .._validation import check_choice, check_positive, torch_generator
+from . import functional as AF
+
+__all__ = ["ATTENTION_FEATURES", "AttentionFeature", "KernelAttention"]
+
+
+def _elu_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """``elu(u) + 1`` (Katharopoulos et al. 2020), in float32; ``omega`` is unused (0 rows)."""
+    return F.elu(features.maps._upcast(u)) + 1.0
+
+
+@dataclass(frozen=True)
+class AttentionFeature:
+    """One entry of :data:`ATTENTION_FEATURES`.
+
+    Attributes
+    ----------
+    name : str
+    phi : callable or None
+        ``phi(u (..., d), omega (M, d)) -> (..., M)``: the unshifted feature map (a core map
+        from :mod:`coulomb_attention.features`), ``None`` for exact softmax.
+    sampler : str or None
+        Default sampler of omega (:data:`coulomb_attention.features.SAMPLERS`), ``None`` when
+        the map has no particles.
+    description : str
+    """
+
+    name: str
+    phi: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+    sampler: str | None
+    description: str
+
+    @property
+    def has_features(self) -> bool:
+        return self.sampler is not None
+
+
+ATTENTION_FEATURES: dict[str, AttentionFeature] = {
+    "favor": AttentionFeature(
+        "favor", features.positive, "orthogonal",
+        "FAVOR+ positive features exp(w.x - |x|^2/2), approximates softmax attention",
+    ),
+    "porf_softplus": AttentionFeature(
+        "porf_softplus", features.softplus, "orthogonal",
+        "orthogonal projections + softplus",
+    ),
+    "softmax_feat": AttentionFeature(
+        "softmax_feat", features.softmax, "orthogonal",
+        "softmax over the features of w.x (use with tie_qk=True for a PSD kernel)",
+    ),
+    "elu": AttentionFeature("elu", _elu_features, None, "elu(x) + 1, no random features"),
+    "softmax": AttentionFeature("softmax", None, None, "exact softmax attention (quadratic)"),
+}
+
+
+class KernelAttention(nn.Module):
+    """Multi-head, non-causal kernel attention with a padding mask.
+
+    ``out_t = sum_s phi(q_t) . phi(k_s) v_s / sum_s phi(q_t) . phi(k_s)`` per head, with
+    queries and keys scaled by ``head_dim**-0.25`` before the map (so FAVOR+ approximates
+    softmax attention with the usual ``1/sqrt(head_dim)``). Cost O(L M head_dim) per head
+    (exact ``softmax``: O(L^2 head_dim)).
+
+    Parameters
+    ----------
+    dim : int
+        Model width ``D``; must be divisible by ``heads``.
+    heads : int
+    feature_map : str
+        One of :data:`ATTENTION_FEATURES`: ``favor``, ``porf_softplus``, ``softmax_feat``,
+        ``elu``, ``softmax``.
+    n_features : int
+        Number of particles ``M`` per head (ignored, but still validated, for ``elu`` and
+        ``softmax``, which have none).
+    tie_qk : bool
+        Share the query and key projection (``k_proj is q_proj``): symmetric PSD kernel.
+    dropout : float
+        Dropout on the per-head attention output, before ``out_proj``.
+    share_features : bool
+        One omega for all heads (``omega`` shape ``(1, M, dh)``) or one per head ``(H, M, dh)``.
+    bias : bool
+        Biases of the four projections.
+    generator : torch.Generator or int, optional
+        Randomness of the initial omega (``None``: torch's global generator).
+    sampler : str, optional
+        Sampler of omega (default per map: ``orthogonal``); see
+        :data:`coulomb_attention.features.SAMPLERS`.
+    chunk_size : int, optional
+        Rows per chunk of the fused FAVOR+ path (:func:`.functional.favor_attention`).
+
+    Attributes
+    ----------
+    q_proj, k_proj, v_proj, out_proj : torch.nn.Linear
+        ``(dim, dim)`` projections (``k_proj is q_proj`` with ``tie_qk``).
+    omega : torch.Tensor, buffer of shape (1 or heads, M, head_dim)
+        ``M = 0`` for ``elu`` and ``softmax``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        feature_map: str = "favor",
+        n_features: int = 64,
+        tie_qk: bool = False,
+        dropout: float = 0.0,
+        share_features: bool = True,
+        bias: bool = True,
+        generator: torch.Generator | int | None = None,
+        sampler: str | None = None,
+        chunk_size: int | None = None,
+    ) -> None:
+        super().__init__()
+        dim = check_positive("dim", dim, integer=True)
+        heads = check_positive("heads", heads, integer=True)
+        if dim % heads:
+            raise ValueError(f"dim={dim} is not divisible by heads={heads}")
+        self.spec = ATTENTION_FEATURES[check_choice("feature_map", feature_map,
+                                                    ATTENTION_FEATURES)]
+        n_features = check_positive("n_features", n_features, integer=True)
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not (
+            0.0 <= dropout < 1.0
+        ):
+            raise ValueError(f"dropout must be a number in [0, 1), got {dropout!r}")
+        if sampler is not None:
+            check_choice("sampler", sampler, features.SAMPLERS)
+        if chunk_size is not None:
+            chunk_size = check_positive("chunk_size", chunk_size, integer=True)
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.feature_map = feature_map
+        self.n_features = n_features if self.spec.has_features else 0
+        self.tie_qk = bool(tie_qk)
+        self.share_features = bool(share_features)
+        self.sampler = sampler or self.spec.sampler
+        self.chunk_size = chunk_size
+
+        self.q_proj = nn.Linear(dim, dim, bias=bias)
+        self.k_proj = self.q_proj if self.tie_qk else nn.Linear(dim, dim, bias=bias)
+        self.v_proj = nn.Linear(dim, dim, bias=bias)
+        self.out_proj = nn.Linear(dim, dim, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+        groups = 1 if self.share_features else heads
+        self.register_buffer("omega", torch.zeros(groups, self.n_features, self.head_dim))
+        if self.has_features:
+            self.redraw_(generator)
+
+    # ------------------------------------------------------------------ particles
+
+    @property
+    def has_features(self) -> bool:
+        """``True`` when the map has particles omega (``favor``, ``porf_softplus``,
+        ``softmax_feat``)."""
+        return self.spec.has_features
+
+    @torch.no_grad()
+    def load_features_(self, omega: torch.Tensor) -> KernelAttention:
+        """Replace omega by ``omega`` (e.g. learned particles); shape ``(M, dh)`` (broadcast
+        to every head group) or exactly ``omega.shape``. Returns ``self``."""
+        if not self.has_features:
+            raise ValueError(f"feature_map {self.feature_map!r} has no particles to load")
+        if not isinstance(omega, torch.Tensor):
+            raise TypeError(f"omega must be a torch.Tensor, got {type(omega).__name__}")
+        if not omega.is_floating_point():
+            raise TypeError(f"omega must be a floating tensor, got dtype {omega.dtype}")
+        shape = tuple(self.omega.shape)
+        if tuple(omega.shape) not in (shape, shape[1:]):
+            raise ValueError(f"omega must have shape {shape} or {shape[1:]}, got "
+                             f"{tuple(omega.shape)}")
+        if not bool(torch.isfinite(omega).all()):
+            raise ValueError("omega contains NaN or infinite values")
+        self.omega.copy_(omega.to(self.omega).expand(shape))
+        return self
+
+    @torch.no_grad()
+    def redraw_(self, generator: torch.Generator | int | None = None) -> KernelAttention:
+        """Draw fresh omega from the sampler (independent per head group). Returns ``self``.
+
+        ``generator``: a ``torch.Generator`` or an int seed; ``None`` uses torch's global RNG.
+        """
+        if not self.has_features:
+            raise ValueError(f"feature_map {self.feature_map!r} has no particles to redraw")
+        if generator is not None:
+            generator = torch_generator(generator)
+        sampler = features.get_sampler(self.sampler)
+        draws = [sampler(self.n_features, self.head_dim, generator=generator)
+                 for _ in range(self.omega.shape[0])]
+        self.omega.copy_(torch.stack(draws).to(self.omega))
+        return self
+
+    # ------------------------------------------------------------------ pieces
+
+    def _split(self, t: torch.Tensor) -> torch.Tensor:
+        B, T, _ = t.shape
+        return t.view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, dh)
+
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        """Projected, head-split queries scaled by ``head_dim**-0.25``: ``(B, H, T, dh)``."""
+        self._check_x(x)
+        return self._split(self.q_proj(x)) * self.head_dim**-0.25
+
+    def keys(self, x: torch.Tensor) -> torch.Tensor:
+        """Projected, head-split keys scaled by ``head_dim**-0.25``: ``(B, H, T, dh)``."""
+        self._check_x(x)
+        return self._split(self.k_proj(x)) * self.head_dim**-0.25
+
+    def feature(self, u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+        """The feature map as ``forward`` uses it, without the stabilising shift.
+
+        Parameters
+        ----------
+        u : torch.Tensor, shape (..., head_dim)
+            Scaled queries/keys (:meth:`queries`, :meth:`keys`).
+        omega : torch.Tensor, shape (M, head_dim)
+
+        Returns
+        -------
+        torch.Tensor, shape (..., M) (``elu``: ``(..., head_dim)``), float32 or float64.
+        """
+        if self.spec.phi is None:
+            raise ValueError("exact softmax attention has no feature map")
+        return self.spec.phi(u, omega)
+
+    def _check_x(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.ndim != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (B, T, {self.dim}), got {tuple(x.shape)}")
+
+    def _phi(self, u: torch.Tensor) -> torch.Tensor:
+        """Unshifted features of (B, H, L, dh) with this layer's omega: (B, H, L, M)."""
+        om = self.omega
+        if om.shape[0] == 1 or self.feature_map == "elu":
+            return self.feature(u, om[0])
+        return torch.stack([self.feature(u[:, h], om[h]) for h in range(self.heads)], dim=1)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Attend.
+
+        Parameters
+        ----------
+        x : torch.Tensor, shape (B, T, dim)
+        mask : torch.Tensor of bool, shape (B, T), optional
+            ``True`` = real token; padded positions are never attended to (their own outputs
+            are computed but meaningless).
+
+        Returns
+        -------
+        torch.Tensor, shape (B, T, dim)
+        """
+        self._check_x(x)
+        B, T, _ = x.shape
+        AF.check_key_mask(mask, B, T)
+        q = self.queries(x)
+        k = q if self.tie_qk else self.keys(x)
+        v = self._split(self.v_proj(x))
+        out = self.attend(q, k, v, mask)  # (B, H, T, dh)
+        out = out.transpose(1, 2).reshape(B, T, self.dim)
+        return self.out_proj(self.dropout(out))
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of already projected heads: q, k ``(B, H, T|S, dh)`` (scaled as by
+        :meth:`queries`), v ``(B, H, S, dh)`` -> ``(B, H, T, dh)``."""
+        name = self.feature_map
+        if name == "favor":
+            return AF.favor_attention(q, k, v, self.omega, mask, chunk_size=self.chunk_size)
+        if name == "softmax":
+            return _sdpa(q, k, v, mask)
+        return AF.linear_attention(self._phi(q), self._phi(k), v, mask)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, heads={self.heads}, feature_map={self.feature_map!r}, "
+                f"n_features={self.n_features}, tie_qk={self.tie_qk}, "
+                f"share_features={self.share_features}")
+
+
+def _sdpa(q, k, v, mask):
+    """Exact softmax attention through torch's fused kernel (scale 1: q, k are pre-scaled)."""
+    attn_mask = None
+    if mask is not None:
+        attn_mask = mask[:, None, None, :]  # (B, 1, 1, S)
+        if not bool(mask.any(-1).all()):  # a row without keys: use the guarded reference
+            return AF.softmax_attention(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=1.0)
+

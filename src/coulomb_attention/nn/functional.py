@@ -1,0 +1,451 @@
+"""Attention ops as pure tensor functions, each with a naive quadratic twin.
+
+Shapes: ``B`` batch, ``H`` heads, ``T`` queries, ``S`` keys, ``d`` head dim of queries/keys,
+``e`` head dim of values, ``M`` random features. ``key_mask`` is ``(B, S)`` bool with
+``True`` = real token.
+
+- :func:`linear_attention`: ``phi(q)^T (sum_s phi(k_s) v_s^T) / phi(q)^T sum_s phi(k_s)``,
+  O((T + S) M e); twin :func:`naive_linear_attention` through the ``(T, S)`` kernel matrix.
+- :func:`favor_attention`: FAVOR+ fused (features, shifts and products in chunks along the
+  sequence, recomputing backward), O((T + S) M d) time, O((T + S) d) memory; twin
+  :func:`naive_favor_attention`.
+- :func:`softmax_attention`: exact softmax attention, O(T S d) (the reference FAVOR+
+  approximates).
+
+Numerics: features and normalisers are computed in float32 (float64 stays float64) with
+autocast switched off inside the ops; the output is cast back to the dtype of ``v``.
+FAVOR+ features ``exp(w . x - |x|^2/2)`` are stabilised by shifts that cancel in the
+attention ratio: one per query row (the row max) and one per (batch, head) over the real keys.
+Padded keys contribute exactly zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..features import log_positive
+
+__all__ = [
+    "linear_attention",
+    "naive_linear_attention",
+    "softmax_attention",
+    "favor_features",
+    "favor_attention",
+    "naive_favor_attention",
+]
+
+# Smallest normaliser: keeps a fully padded row (or total underflow) finite (output 0).
+_TINY = torch.finfo(torch.float32).tiny
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_4d(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.ndim != 4:
+        raise ValueError(f"{name} must have shape (B, H, L, D), got {tuple(t.shape)}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
+
+
+def _check_qkv(q, k, v, key_mask, q_name="q", k_name="k") -> None:
+    _check_4d(q_name, q)
+    _check_4d(k_name, k)
+    _check_4d("v", v)
+    if q.shape[:2] != k.shape[:2] or k.shape[:3] != v.shape[:3]:
+        raise ValueError(
+            f"inconsistent shapes: {q_name} {tuple(q.shape)}, {k_name} {tuple(k.shape)}, "
+            f"v {tuple(v.shape)} (need {q_name} (B,H,T,*), {k_name} (B,H,S,*), v (B,H,S,e))"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"{q_name} and {k_name} must have the same last dimension, "
+            f"got {q.shape[-1]} and {k.shape[-1]}"
+        )
+    check_key_mask(key_mask, k.shape[0], k.shape[2])
+
+
+def check_key_mask(key_mask: torch.Tensor | None, batch: int, length: int) -> None:
+    """Raise unless ``key_mask`` is ``None`` or a bool tensor of shape ``(batch, length)``."""
+    if key_mask is None:
+        return
+    if not isinstance(key_mask, torch.Tensor):
+        raise TypeError(f"mask must be a bool torch.Tensor, got {type(key_mask).__name__}")
+    if key_mask.dtype != torch.bool:
+        raise TypeError(
+            f"mask must have dtype torch.bool (True = real token), got {key_mask.dtype}"
+        )
+    if tuple(key_mask.shape) != (batch, length):
+        raise ValueError(f"mask must have shape ({batch}, {length}), got {tuple(key_mask.shape)}")
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _no_autocast(t: torch.Tensor):
+    return torch.autocast(device_type=t.device.type, enabled=False)
+
+
+# --------------------------------------------------------------------------- generic ops
+
+
+def linear_attention(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Non-causal linear attention from precomputed non-negative features.
+
+    ``out_t = phi_q[t] @ (sum_s phi_k[s] v[s]^T) / phi_q[t] @ sum_s phi_k[s]``; the numerator
+    and the normaliser come out of one matmul with ``v`` extended by a column of ones.
+
+    Parameters
+    ----------
+    phi_q : torch.Tensor, shape (B, H, T, M)
+    phi_k : torch.Tensor, shape (B, H, S, M)
+        Key features; padded keys are removed by multiplying ``phi_k`` by ``key_mask``.
+    v : torch.Tensor, shape (B, H, S, e)
+    key_mask : torch.Tensor of bool, shape (B, S), optional
+
+    Returns
+    -------
+    torch.Tensor, shape (B, H, T, e), dtype of ``v``.
+    """
+    _check_qkv(phi_q, phi_k, v, key_mask, "phi_q", "phi_k")
+    dt = _compute_dtype(v)
+    with _no_autocast(v):
+        pq, pk = phi_q.to(dt), phi_k.to(dt)
+        if key_mask is not None:
+            pk = pk * key_mask[:, None, :, None].to(dt)  # (B, H, S, M)
+        v1 = torch.cat([v.to(dt), v.new_ones((*v.shape[:-1], 1), dtype=dt)], dim=-1)
+        kv = pk.transpose(-1, -2) @ v1  # (B, H, M, e+1)
+        n = pq @ kv  # (B, H, T, e+1)
+        out = n[..., :-1] / n[..., -1:].clamp_min(_TINY)
+    return out.to(v.dtype)
+
+
+def naive_linear_attention(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Quadratic twin of :func:`linear_attention`: builds the ``(T, S)`` kernel matrix.
+
+    Same arguments and result; ``A = phi_q phi_k^T`` masked over keys, rows normalised.
+    """
+    _check_qkv(phi_q, phi_k, v, key_mask, "phi_q", "phi_k")
+    dt = _compute_dtype(v)
+    with _no_autocast(v):
+        a = phi_q.to(dt) @ phi_k.to(dt).transpose(-1, -2)  # (B, H, T, S)
+        if key_mask is not None:
+            a = a * key_mask[:, None, None, :].to(dt)
+        out = (a @ v.to(dt)) / a.sum(-1, keepdim=True).clamp_min(_TINY)
+    return out.to(v.dtype)
+
+
+def softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    *,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """Exact softmax attention ``softmax(scale q k^T) v`` (quadratic reference).
+
+    ``scale=1`` because :class:`~coulomb_attention.nn.KernelAttention` already scales
+    queries and keys by ``d**-0.25`` each (so ``q . k`` carries the usual ``1/sqrt(d)``).
+    A query whose keys are all padded gets output 0.
+
+    Parameters
+    ----------
+    q : torch.Tensor, shape (B, H, T, d)
+    k : torch.Tensor, shape (B, H, S, d)
+    v : torch.Tensor, shape (B, H, S, e)
+    key_mask : torch.Tensor of bool, shape (B, S), optional
+
+    Returns
+    -------
+    torch.Tensor, shape (B, H, T, e), dtype of ``v``.
+    """
+    _check_qkv(q, k, v, key_mask)
+    dt = _compute_dtype(v)
+    with _no_autocast(v):
+        logits = scale * (q.to(dt) @ k.to(dt).transpose(-1, -2))  # (B, H, T, S)
+        if key_mask is not None:
+            logits = logits.masked_fill(~key_mask[:, None, None, :], -math.inf)
+        # Shift by the row max (finite rows only) then normalise: no inf/NaN for any norm.
+        m = logits.amax(-1, keepdim=True).detach()
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        a = torch.exp(logits - m)
+        out = (a @ v.to(dt)) / a.sum(-1, keepdim=True).clamp_min(_TINY)
+    return out.to(v.dtype)
+
+
+# --------------------------------------------------------------------------- FAVOR+
+
+
+def _check_omega(omega: torch.Tensor, heads: int, d: int) -> None:
+    if not isinstance(omega, torch.Tensor):
+        raise TypeError(f"omega must be a torch.Tensor, got {type(omega).__name__}")
+    if omega.ndim != 3 or omega.shape[0] not in (1, heads) or omega.shape[2] != d:
+        raise ValueError(
+            f"omega must have shape (1 or {heads}, n_features, {d}), got {tuple(omega.shape)}"
+        )
+    if omega.shape[1] == 0:
+        raise ValueError("omega has 0 features")
+
+
+def _safe(shift: torch.Tensor) -> torch.Tensor:
+    """Replace -inf shifts (rows/heads without a real key) by 0."""
+    return torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+
+
+def favor_features(
+    u: torch.Tensor,
+    omega: torch.Tensor,
+    *,
+    is_query: bool,
+    key_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Stabilised FAVOR+ features as the attention uses them (float32 or float64).
+
+    ``exp(u . w_m - |u|^2/2 - shift) / sqrt(M)``: the core map
+    :func:`coulomb_attention.features.positive` with a shift that cancels in the attention
+    ratio, the row max for queries and one max per (batch, head) over the real keys for keys.
+    Padded keys (``key_mask`` False) get feature 0 (the same as multiplying by the mask,
+    without ever forming ``inf * 0``).
+
+    Parameters
+    ----------
+    u : torch.Tensor, shape (B, H, L, d)
+    omega : torch.Tensor, shape (1 or H, M, d)
+    is_query : bool
+    key_mask : torch.Tensor of bool, shape (B, L), optional (keys only)
+
+    Returns
+    -------
+    torch.Tensor, shape (B, H, L, M)
+    """
+    _check_4d("u", u)
+    _check_omega(omega, u.shape[1], u.shape[-1])
+    check_key_mask(key_mask, u.shape[0], u.shape[2])
+    dt = _compute_dtype(u)
+    with _no_autocast(u):
+        uu, om = u.to(dt), omega.to(dt)
+        if om.shape[0] == 1:
+            logits = log_positive(uu, om[0])  # (B, H, L, M)
+        else:
+            logits = torch.stack(
+                [log_positive(uu[:, h], om[h]) for h in range(om.shape[0])], dim=1
+            )
+        if is_query:
+            shift = logits.amax(-1, keepdim=True)  # (B, H, L, 1)
+        else:
+            if key_mask is not None:
+                logits = logits.masked_fill(~key_mask[:, None, :, None], -math.inf)
+            shift = logits.amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
+        shift = _safe(shift.detach()) + 0.5 * math.log(om.shape[1])
+        return torch.exp(logits - shift)
+
+
+def naive_favor_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    omega: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference FAVOR+ attention: :func:`favor_features` + :func:`naive_linear_attention`.
+
+    Same arguments and result as :func:`favor_attention`; memory O(T S) per head.
+    """
+    _check_qkv(q, k, v, key_mask)
+    pq = favor_features(q, omega, is_query=True)
+    pk = favor_features(k, omega, is_query=False, key_mask=key_mask)
+    return naive_linear_attention(pq, pk, v, key_mask)
+
+
+def _chunks(n: int, size: int):
+    return [(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _key_logits(k_c, w, m_c):
+    """``log_positive`` of a key chunk with padded keys set to -inf: (G, c, M)."""
+    a = log_positive(k_c, w)
+    if m_c is not None:
+        a.masked_fill_(~m_c.unsqueeze(-1), -math.inf)
+    return a
+
+
+def _query_features(q_c, w):
+    """Row-shifted query features ``exp(a - rowmax a)``, a = log_positive: (G, c, M)."""
+    a = log_positive(q_c, w)
+    return a.sub_(a.amax(-1, keepdim=True)).exp_()
+
+
+class _FavorFn(torch.autograd.Function):
+    """FAVOR+ attention in chunks along the sequence, with a recomputing backward.
+
+    Inputs are (G, L, *) contiguous tensors with G = B * H sharing one omega ``w`` (M, d).
+    Memory is O(G (T + S) (d + e) + G M e) plus one chunk of features; the backward
+    recomputes the features chunk by chunk (derivative of ``features.log_positive``:
+    ``d/dx (x . w_m - |x|^2/2) = w_m - x``; the shifts are constants, they cancel in the ratio).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, key_mask, chunk):
+        G, S, e = v.shape
+        M = w.shape[0]
+        v1 = torch.cat([v, v.new_ones(G, S, 1)], dim=-1)  # (G, S, e+1)
+        # Keys: kv = sum_s exp(a_s - c) v1_s with c the running max per group (online rescale).
+        kv = v.new_zeros(G, M, e + 1)
+        c = v.new_full((G, 1, 1), -math.inf)
+        for s0, s1 in _chunks(S, chunk):
+            m_c = None if key_mask is None else key_mask[:, s0:s1]
+            a = _key_logits(k[:, s0:s1], w, m_c)  # (G, c, M)
+            c_new = torch.maximum(c, a.amax(dim=(1, 2), keepdim=True))
+            c_safe = _safe(c_new)
+            kv.mul_(torch.exp(c - c_safe))  # c = -inf -> factor 0 on a zero kv
+            a.sub_(c_safe).exp_()
+            kv.baddbmm_(a.transpose(1, 2), v1[:, s0:s1])
+            c = c_new
+        c = _safe(c)
+        # Queries: n = phi(q) kv, out = n[:e] / n[e].
+        T = q.shape[1]
+        out = v.new_empty(G, T, e)
+        den = v.new_empty(G, T, 1)
+        for t0, t1 in _chunks(T, chunk):
+            p = _query_features(q[:, t0:t1], w)  # (G, c, M)
+            n = torch.bmm(p, kv)  # (G, c, e+1)
+            den_c = n[..., e:].clamp_min(_TINY)
+            torch.div(n[..., :e], den_c, out=out[:, t0:t1])
+            den[:, t0:t1] = den_c
+        ctx.save_for_backward(q, k, v1, w, key_mask, kv, c, den, out)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v1, w, key_mask, kv, c, den, out = ctx.saved_tensors
+        chunk = ctx.chunk
+        G, T, e = out.shape
+        S = k.shape[1]
+        need_q, need_k, need_v, need_w = ctx.needs_input_grad[:4]
+        g = g.contiguous()
+        dkv = torch.zeros_like(kv)
+        dq = torch.empty_like(q) if need_q else None
+        dw = torch.zeros_like(w) if need_w else None
+        for t0, t1 in _chunks(T, chunk):
+            q_c, g_c = q[:, t0:t1], g[:, t0:t1]
+            p = _query_features(q_c, w)  # (G, c, M)
+            # d out / d n: numerator g/den, normaliser -(g . out)/den.
+            dn = torch.cat([g_c, -(g_c * out[:, t0:t1]).sum(-1, keepdim=True)], dim=-1)
+            dn.div_(den[:, t0:t1])  # (G, c, e+1)
+            dkv.baddbmm_(p.transpose(1, 2), dn)
+            if need_q or need_w:
+                da = torch.bmm(dn, kv.transpose(1, 2)).mul_(p)  # (G, c, M)
+                if need_q:
+                    dq[:, t0:t1] = da @ w - q_c * da.sum(-1, keepdim=True)
+                if need_w:
+                    dw += da.reshape(-1, da.shape[-1]).T @ q_c.reshape(-1, q_c.shape[-1])
+        dk = torch.empty_like(k) if need_k else None
+        dv = torch.empty(G, S, e, dtype=v1.dtype, device=v1.device) if need_v else None
+        if need_k or need_v or need_w:
+            for s0, s1 in _chunks(S, chunk):
+                k_c = k[:, s0:s1]
+                m_c = None if key_mask is None else key_mask[:, s0:s1]
+                r = _key_logits(k_c, w, m_c).sub_(c).exp_()  # (G, c, M)
+                if need_v:
+                    torch.bmm(r, dkv[..., :e], out=dv[:, s0:s1])
+                if need_k or need_w:
+                    da = torch.bmm(v1[:, s0:s1], dkv.transpose(1, 2)).mul_(r)  # (G, c, M)
+                    if need_k:
+                        dk[:, s0:s1] = da @ w - k_c * da.sum(-1, keepdim=True)
+                    if need_w:
+                        dw += da.reshape(-1, da.shape[-1]).T @ k_c.reshape(-1, k_c.shape[-1])
+        return dq, dk, dv, dw, None, None
+
+
+def default_chunk_size(groups: int, n_features: int) -> int:
+    """Rows per chunk so that one (groups, chunk, n_features) float32 block is ~1 MiB."""
+    return int(min(4096, max(64, (1 << 18) // max(1, groups * n_features))))
+
+
+def favor_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    omega: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    *,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """FAVOR+ linear attention, fused and chunked (the fast path).
+
+    Equal (up to rounding) to :func:`naive_favor_attention`: positive features
+    ``exp(w . x - |x|^2/2)`` (the core :func:`coulomb_attention.features.log_positive` plus
+    an exponential) with the query row-max shift and one key shift per (batch, head) over the
+    real keys, padded keys contributing zero. The features are never materialised for the
+    whole sequence: keys then queries are processed in chunks of ``chunk_size`` rows (online
+    rescaling of the running key max) and the backward recomputes them chunk by chunk, so
+    memory is O(L d) per head instead of O(L M) and the elementwise work stays in cache.
+
+    Parameters
+    ----------
+    q : torch.Tensor, shape (B, H, T, d)
+    k : torch.Tensor, shape (B, H, S, d)
+    v : torch.Tensor, shape (B, H, S, e)
+    omega : torch.Tensor, shape (1 or H, M, d)
+        Particles (rows), shared across heads when the first dimension is 1.
+    key_mask : torch.Tensor of bool, shape (B, S), optional
+    chunk_size : int, optional
+        Rows per chunk; default :func:`default_chunk_size`.
+
+    Returns
+    -------
+    torch.Tensor, shape (B, H, T, e), dtype of ``v``.
+    """
+    _check_qkv(q, k, v, key_mask)
+    _check_omega(omega, q.shape[1], q.shape[-1])
+    B, H, T, d = q.shape
+    S, e = v.shape[2], v.shape[3]
+    dt = _compute_dtype(v)
+    shared = omega.shape[0] == 1
+    groups = B * H if shared else B
+    if chunk_size is None:
+        chunk_size = default_chunk_size(groups, omega.shape[1])
+    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    with _no_autocast(v):
+        qq, kk, vv, om = (t.to(dt) for t in (q, k, v, omega))
+        if shared:
+            mask = None
+            if key_mask is not None:
+                mask = key_mask[:, None, :].expand(B, H, S).reshape(B * H, S)
+            out = _FavorFn.apply(
+                qq.reshape(B * H, T, d).contiguous(),
+                kk.reshape(B * H, S, d).contiguous(),
+                vv.reshape(B * H, S, e).contiguous(),
+                om[0],
+                mask,
+                chunk_size,
+            )
+            out = out.view(B, H, T, e)
+        else:  # one omega per head: one fused call per head
+            outs = [
+                _FavorFn.apply(
+                    qq[:, h].contiguous(), kk[:, h].contiguous(), vv[:, h].contiguous(),
+                    om[h], key_mask, chunk_size,
+                )
+                for h in range(H)
+            ]
+            out = torch.stack(outs, dim=1)
+    return out.to(v.dtype)
