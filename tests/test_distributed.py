@@ -1,0 +1,297 @@
+"""Data-parallel training equals one process (CPU, gloo, 2 processes launched by torchrun).
+
+One torchrun launch (module fixture) runs every distributed case of this file in script mode
+(``python -m torch.distributed.run --standalone --nproc-per-node=2 tests/test_distributed.py
+OUT``); each rank saves its results, and the tests compare them with the same computation done
+here in one process. The launch has a timeout, so a hung collective cannot hang CI.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from coulomb_attention import dynamics as D
+from coulomb_attention import energy as E
+from coulomb_attention import features as F
+from coulomb_attention._validation import torch_generator
+from coulomb_attention.train import distributed as dd
+
+WORLD = 2
+LAUNCH_TIMEOUT_S = 150
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # The in-process references are tiny; with several intra-op threads on a loaded 2-core
+    # machine they run 10-30x slower (spinning threads). Restored after each test.
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+# ------------------------------------------------------------------------- shared problems
+
+
+def _phase_a_problem():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(67, 3, generator=gen, dtype=torch.float64)  # 67: uneven shards
+    y, _ = E.encode_labels((x[:, 0] * x[:, 1] > 0).long().numpy())
+    omega0 = F.gaussian(24, 3, generator=gen, dtype=torch.float64)
+    bias = F.draw_bias(24, generator=gen, dtype=torch.float64)
+    return x, y, omega0, F.feature_fn("rff", bias=bias)
+
+
+def run_phase_a(rank: int, world: int, reduce, *, sharded_repulsion: bool = False,
+                n_steps: int = 12) -> tuple[torch.Tensor, list[float]]:
+    """Projected Langevin (noisy, full-batch) on this rank's shard; returns particles, energies."""
+    x, y, omega0, feats = _phase_a_problem()
+    xs, ys = dd.shard((x, y), rank, world)
+    batches = [(xs[i:i + 16], ys[i:i + 16]) for i in range(0, xs.shape[0], 16)]  # streamed
+    pot = E.make_potential("riesz", s=1.0, eps=0.1)
+    if sharded_repulsion:
+        ham = dd.DistributedHamiltonian(feats, pot, lam=0.05, reduce=reduce, rank=rank,
+                                        world_size=world)
+    else:
+        ham = E.Hamiltonian(feats, pot, lam=0.05, reduce=reduce)
+    init, step = D.projected_langevin(lambda w, _: ham(w, batches), D.Ball(3.0), eta=0.05,
+                                      beta=200.0)
+    state = init(omega0, torch_generator(dd.shared_seed(1234)))
+    state, trace = D.run(state, step, n_steps)
+    return state.omega, [t["energy"] for t in trace]
+
+
+def _phase_b_data(n: int = 8):
+    gen = torch.Generator().manual_seed(3)
+    lengths = torch.randint(3, 9, (n,), generator=gen)
+    ids = torch.randint(1, 40, (n, 8), generator=gen)
+    mask = torch.arange(8)[None] < lengths[:, None]
+    ids = ids.masked_fill(~mask, 0)
+    labels = torch.randint(0, 2, (n,), generator=gen)
+    return ids, mask, labels
+
+
+def run_phase_b(runtime, batch_size: int, epochs: int = 1, checkpoint_dir=None,
+                resume: bool = False, stop_after: int | None = None):
+    """Fine-tune a tiny classifier with the training loop; returns its state dict + history."""
+    from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
+    from coulomb_attention.train.loop import EncodedDataset, TrainConfig, fit
+
+    ids, mask, labels = _phase_b_data()
+    cfg = ModelConfig(vocab_size=40, dim=16, layers=1, heads=2, mlp_dim=32, max_len=8,
+                      n_features=8, dropout=0.0)
+    model = TransformerClassifier(cfg, generator=torch.Generator().manual_seed(5))
+    tcfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=1e-2, warmup_fraction=0.0,
+                       schedule="constant", grad_clip=1.0)
+
+    def evaluate(m):
+        if stop_after is not None and len(calls) == stop_after:
+            raise KeyboardInterrupt("simulated crash")
+        calls.append(1)
+        return {}
+
+    calls: list[int] = []
+    result = fit(model, EncodedDataset(ids, mask, labels), tcfg, seed=11, runtime=runtime,
+                 evaluate=evaluate, checkpoint_dir=checkpoint_dir, resume=resume,
+                 run_config={"test": 1})
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, result.history
+
+
+# ----------------------------------------------------------------- the distributed worker
+
+
+def _worker(out: Path) -> None:
+    rt = dd.init_distributed(timeout_s=60, progress=False)
+    assert rt.world_size == WORLD and rt.backend == "gloo"
+    res: dict[str, torch.Tensor] = {}
+    # all_reduce_sum: mixed dtypes, 0-d tensors, inputs untouched
+    a = torch.full((2, 3), float(rt.rank + 1), dtype=torch.float64)
+    b = torch.tensor(rt.rank + 1.0)
+    c = torch.arange(4, dtype=torch.float32) * (rt.rank + 1)
+    ra, rb, rc = dd.all_reduce_sum([a, b, c])
+    res.update(reduce_a=ra, reduce_b=rb, reduce_c=rc, reduce_a_input=a)
+    # phase A on the core: shards + reduce hook + shared noise seed
+    omega, energies = run_phase_a(rt.rank, rt.world_size, rt.reduce)
+    res.update(phase_a=omega, phase_a_energy=torch.tensor(energies))
+    omega, _ = run_phase_a(rt.rank, rt.world_size, rt.reduce, sharded_repulsion=True)
+    res["phase_a_sharded"] = omega
+    # sharded Riesz alone, N odd (uneven rows)
+    w = torch.randn(7, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    pot = E.make_potential("riesz", s=1.0, eps=0.05)
+    energy, grad = dd.sharded_riesz_energy_and_grad(w, pot)
+    res.update(riesz_energy=energy, riesz_grad=grad)
+    # phase B: one DDP step on 2 x 4 examples
+    state, _ = run_phase_b(rt, batch_size=4)
+    res.update({f"phase_b.{k}": v for k, v in state.items()})
+    # phase B: 2 epochs uninterrupted vs crash after epoch 1 + resume (rank-0 checkpoints)
+    full, hist_full = run_phase_b(rt, batch_size=2, epochs=2, checkpoint_dir=out / "ck_full")
+    try:
+        run_phase_b(rt, batch_size=2, epochs=2, checkpoint_dir=out / "ck_resume", stop_after=1)
+    except KeyboardInterrupt:
+        pass
+    rt.barrier()
+    resumed, hist_res = run_phase_b(rt, batch_size=2, epochs=2, checkpoint_dir=out / "ck_resume",
+                                    resume=True)
+    res.update({f"full.{k}": v for k, v in full.items()})
+    res.update({f"resumed.{k}": v for k, v in resumed.items()})
+    res["loss_full"] = torch.tensor([h["train_loss"] for h in hist_full])
+    res["loss_resumed"] = torch.tensor([h["train_loss"] for h in hist_res])
+    torch.save(res, out / f"rank{rt.rank}.pt")
+    rt.barrier()
+    rt.close()
+
+
+@pytest.fixture(scope="module")
+def dist_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={WORLD}", __file__, str(out)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:  # the process group is killed with it
+        pytest.fail(f"torchrun did not finish in {LAUNCH_TIMEOUT_S} s: {exc.stderr!s:.2000}")
+    if proc.returncode != 0:
+        pytest.fail(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                    f"{proc.stderr[-6000:]}")
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)], out
+
+
+# ----------------------------------------------------------------------------------- tests
+
+
+def test_all_reduce_sum(dist_results):
+    ranks, _ = dist_results
+    for r in ranks:
+        assert torch.equal(r["reduce_a"], torch.full((2, 3), 3.0, dtype=torch.float64))
+        assert r["reduce_b"].shape == () and float(r["reduce_b"]) == 3.0
+        assert r["reduce_c"].dtype == torch.float32
+        assert torch.equal(r["reduce_c"], torch.arange(4, dtype=torch.float32) * 3)
+    assert torch.equal(ranks[1]["reduce_a_input"], torch.full((2, 3), 2.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("key", ["phase_a", "phase_a_sharded"])
+def test_phase_a_matches_single_process(dist_results, key):
+    ranks, _ = dist_results
+    single, energies = run_phase_a(0, 1, None)
+    assert (single - _phase_a_problem()[2]).norm() > 0.1  # the particles really moved
+    # replicated particles stay bit-identical across ranks (same reduced grad, same noise)
+    assert torch.equal(ranks[0][key], ranks[1][key])
+    torch.testing.assert_close(ranks[0][key], single, rtol=1e-9, atol=1e-10)
+    if key == "phase_a":
+        torch.testing.assert_close(ranks[0]["phase_a_energy"], torch.tensor(energies),
+                                   rtol=1e-9, atol=1e-12)
+
+
+def test_phase_a_differs_without_reduce():
+    # the check above can fail: a rank that sees only its shard moves elsewhere
+    single, _ = run_phase_a(0, 1, None)
+    shard_only, _ = run_phase_a(0, 2, None)
+    assert (single - shard_only).norm() > 1e-3
+
+
+@pytest.mark.parametrize("n, world", [(7, 2), (7, 3), (2, 3), (10, 4)])
+def test_sharded_riesz_equals_core(n, world):
+    w = torch.randn(n, 3, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    pot = E.make_potential("riesz", s=1.5, eps=0.05)
+    parts = [dd.sharded_riesz_energy_and_grad(w, pot, r, world, reduce=lambda t: t)
+             for r in range(world)]
+    energy = sum(p[0] for p in parts)
+    grad = sum(p[1] for p in parts)
+    torch.testing.assert_close(energy, E.riesz_energy(w, pot), rtol=1e-12, atol=0)
+    torch.testing.assert_close(grad, E.riesz_grad(w, pot), rtol=1e-10, atol=1e-12)
+
+
+def test_sharded_riesz_distributed(dist_results):
+    ranks, _ = dist_results
+    w = torch.randn(7, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    pot = E.make_potential("riesz", s=1.0, eps=0.05)
+    for r in ranks:
+        torch.testing.assert_close(r["riesz_energy"], E.riesz_energy(w, pot), rtol=1e-12, atol=0)
+        torch.testing.assert_close(r["riesz_grad"], E.riesz_grad(w, pot), rtol=1e-10,
+                                   atol=1e-12)
+
+
+def test_phase_b_step_matches_concatenated_batch(dist_results):
+    from coulomb_attention.train.loop import Runtime
+
+    ranks, _ = dist_results
+    single, _ = run_phase_b(Runtime(progress=False), batch_size=4 * WORLD)
+    moved = 0.0
+    init = _initial_state()
+    for k, v in single.items():
+        a, b = ranks[0][f"phase_b.{k}"], ranks[1][f"phase_b.{k}"]
+        assert torch.equal(a, b), k  # DDP keeps replicas identical
+        torch.testing.assert_close(a, v, rtol=1e-5, atol=1e-6, msg=k)
+        moved = max(moved, float((v.double() - init[k].double()).abs().max()))
+    assert moved > 1e-3  # the step changed the parameters
+
+
+def _initial_state():
+    from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
+
+    cfg = ModelConfig(vocab_size=40, dim=16, layers=1, heads=2, mlp_dim=32, max_len=8,
+                      n_features=8, dropout=0.0)
+    return TransformerClassifier(cfg, generator=torch.Generator().manual_seed(5)).state_dict()
+
+
+def test_phase_b_resume_after_crash_is_exact(dist_results):
+    ranks, out = dist_results
+    for r in ranks:
+        full = {k[5:]: v for k, v in r.items() if k.startswith("full.")}
+        assert full
+        for k, v in full.items():
+            assert torch.equal(r[f"resumed.{k}"], v), k
+        torch.testing.assert_close(r["loss_resumed"], r["loss_full"], rtol=0, atol=0)
+    assert torch.equal(ranks[0]["loss_full"], ranks[1]["loss_full"])  # all-reduced mean loss
+    assert (out / "ck_full" / "latest.json").is_file()  # written once, by rank 0
+
+
+def test_init_distributed_single_process(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    rt = dd.init_distributed()
+    assert (rt.rank, rt.world_size, rt.backend, rt.is_main) == (0, 1, None, True)
+    model = torch.nn.Linear(2, 2)
+    assert rt.wrap(model) is model
+    assert rt.reduce is None and dd.make_reduce() is None
+    x = [torch.ones(2)]
+    assert dd.all_reduce_sum(x)[0] is x[0]
+
+
+def test_bad_input_raises(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="RANK and WORLD_SIZE"):
+        dd.env_info()
+    with pytest.raises(ValueError, match="backend"):
+        dd.init_distributed(backend="mpi")
+    with pytest.raises(ValueError, match="cannot shard 1 examples over 2"):
+        dd.shard_indices(1, 0, 2)
+    with pytest.raises(ValueError, match="rank"):
+        dd.shard_indices(5, 2, 2)
+    with pytest.raises(TypeError, match="cannot shard"):
+        dd.shard({"a": 1}, 0, 2)
+    with pytest.raises(TypeError, match="tensors"):
+        dd.all_reduce_sum([1.0])
+    with pytest.raises(ValueError, match="divisible"):
+        dd.DistributedRuntime(world_size=2).local_batch_size(5)
+
+
+def test_shards_partition():
+    for n, world in [(5, 2), (67, 2), (9, 4), (4, 4)]:
+        parts = [list(dd.shard_indices(n, r, world)) for r in range(world)]
+        assert sum(parts, []) == list(range(n))
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))
