@@ -204,6 +204,21 @@ def test_glue_raw_tsv(tmp_path):
         load_task("sst2", "validation", tmp_path)
 
 
+def test_glue_data_folder_layout(tmp_path):
+    # data_dir may be an unpacked glue_data/ folder: SST-2/dev.tsv, QQP/train.tsv
+    (tmp_path / "SST-2").mkdir()
+    (tmp_path / "SST-2" / "dev.tsv").write_text("sentence\tlabel\ngood \t1\n", encoding="utf-8")
+    ex = load_task("sst2", "validation", tmp_path)
+    assert ex.split == "validation" and ex.texts == [("good ",)]
+    (tmp_path / "QQP").mkdir()
+    (tmp_path / "QQP" / "train.tsv").write_text(
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n0\t1\t2\ta?\tb?\t0\n",
+        encoding="utf-8",
+    )
+    ex = load_task("qqp", "train", tmp_path)
+    assert ex.split == "train" and ex.texts == [("a?", "b?")] and ex.labels.tolist() == [0]
+
+
 def test_plain_jsonl_and_blank_lines(tmp_path):
     p = tmp_path / "sst2" / "train.jsonl"
     p.parent.mkdir()
@@ -311,7 +326,7 @@ def test_hf_with_fake_datasets_module(monkeypatch):
     assert calls[-1] == (("adv_glue", "adv_sst2"), "validation") and ex.split == "advglue"
     with pytest.raises(FileNotFoundError, match="hub unreachable"):
         load_task("qqp", "train", "hf")
-    with pytest.raises(ValueError, match="not on the hub"):
+    with pytest.raises(ValueError, match="not a labelled split on the hub"):
         load_task("qqp", "validation_half", "hf")
 
 

@@ -259,6 +259,10 @@ def find_split_file(
         folder, stems = data_dir / ADVERSARIAL_SPLIT, [(spec.name, ADVERSARIAL_SPLIT)]
     else:
         folder, stems = data_dir / spec.name, []
+        if not folder.is_dir():
+            folder = next(
+                (data_dir / a for a in spec.dir_aliases if (data_dir / a).is_dir()), folder
+            )
         for cand in spec.candidates(split):
             stems.append((cand, cand))
             stems.extend((alias, cand) for alias in _SPLIT_ALIASES.get(cand, ()))
@@ -305,7 +309,8 @@ def _load_hf(spec: TaskSpec, split: str) -> tuple[list, np.ndarray, str, str]:
         if split not in spec.splits:
             hub = (*spec.splits, ADVERSARIAL_SPLIT) if spec.has_adversarial else spec.splits
             raise ValueError(
-                f"split {split!r} of {spec.name} is not on the hub; hub splits: {', '.join(hub)}"
+                f"split {split!r} of {spec.name} is not a labelled split on the hub; "
+                f"valid: {', '.join(hub)}"
             )
         args, hf_split = spec.hf_path, split
     source = f"hf:{'/'.join(args)}:{hf_split}"

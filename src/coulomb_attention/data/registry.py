@@ -70,6 +70,9 @@ class TaskSpec:
     hf_adversarial : tuple of str or None
         ``load_dataset`` arguments of the AdvGLUE set (its split is ``validation``), or None if
         the task has no adversarial set.
+    dir_aliases : tuple of str
+        Other folder names tried after ``name`` (the GLUE download script's ``SST-2``, ``QQP``),
+        so ``data_dir`` can point straight at an unpacked ``glue_data`` folder.
     """
 
     name: str
@@ -84,6 +87,7 @@ class TaskSpec:
     split_fallbacks: tuple[tuple[str, tuple[str, ...]], ...] = ()
     label_aliases: tuple[str, ...] = ()
     hf_adversarial: tuple[str, ...] | None = None
+    dir_aliases: tuple[str, ...] = ()
 
     @property
     def is_pair(self) -> bool:
@@ -119,6 +123,7 @@ DATASETS: dict[str, TaskSpec] = {
         hf_path=("glue", "sst2"),
         splits=("train", "validation"),
         hf_adversarial=("adv_glue", "adv_sst2"),
+        dir_aliases=("SST-2",),
     ),
     "qqp": TaskSpec(
         name="qqp",
@@ -130,6 +135,7 @@ DATASETS: dict[str, TaskSpec] = {
         split_fallbacks=(("train", ("train_10k",)), ("validation", ("validation_half",))),
         label_aliases=("is_duplicate",),
         hf_adversarial=("adv_glue", "adv_qqp"),
+        dir_aliases=("QQP",),
     ),
     "rotten_tomatoes": TaskSpec(
         name="rotten_tomatoes",

@@ -14,6 +14,7 @@ import pathlib
 import tempfile
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer as _HFTokenizer
 from tokenizers import decoders, normalizers, pre_tokenizers, processors, trainers
@@ -215,10 +216,11 @@ class Tokenizer:
         finally:
             tok.no_truncation()
             tok.no_padding()
-        ids = torch.tensor([e.ids for e in encs], dtype=torch.long)
-        mask = torch.tensor([e.attention_mask for e in encs], dtype=torch.bool)
+        # via numpy: several times faster than torch.tensor on nested lists
+        ids = torch.from_numpy(np.array([e.ids for e in encs], dtype=np.int64))
+        mask = torch.from_numpy(np.array([e.attention_mask for e in encs], dtype=np.bool_))
         if return_token_type_ids:
-            types = torch.tensor([e.type_ids for e in encs], dtype=torch.long)
+            types = torch.from_numpy(np.array([e.type_ids for e in encs], dtype=np.int64))
             return ids, mask, types
         return ids, mask
 
