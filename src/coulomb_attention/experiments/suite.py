@@ -1,0 +1,101 @@
+"""``coulomb-attention suite``: every attention x kernel variant over tasks and seeds.
+
+Each run writes ``RESULTS/<task>/<attention>-<kernel>/seed<S>/metrics.json``. The suite is
+resumable: a run whose ``metrics.json`` exists is skipped, a run with checkpoints continues
+from them. The vanilla and learned runs of one attention share the identical warm-up (it
+does not depend on the kernel), so the second one copies the first one's warm-up checkpoint.
+``RESULTS/suite.json`` lists every run with its status and wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from .._validation import check_choice
+from ..data import DATASETS
+from ..train.checkpoint import atomic_write_json
+from .train import _setup, add_common_arguments, build_config, train_one
+
+__all__ = ["VARIANTS", "add_arguments", "run", "run_dir", "run_suite"]
+
+# (attention, kernel): the three particle maps with fixed and learned features, plus the
+# two references without particles.
+VARIANTS: tuple[tuple[str, str], ...] = (
+    ("softmax", "vanilla"),
+    ("elu", "vanilla"),
+    ("favor", "vanilla"),
+    ("favor", "learned"),
+    ("porf_softplus", "vanilla"),
+    ("porf_softplus", "learned"),
+    ("softmax_feat", "vanilla"),
+    ("softmax_feat", "learned"),
+)
+
+
+def run_dir(results: str | Path, task: str, attention: str, kernel: str, seed: int) -> Path:
+    """``RESULTS/<task>/<attention>-<kernel>/seed<S>``."""
+    return Path(results) / task / f"{attention}-{kernel}" / f"seed{seed}"
+
+
+def _parse_variants(text: str | None) -> list[tuple[str, str]]:
+    if not text:
+        return list(VARIANTS)
+    valid = {f"{a}-{k}": (a, k) for a, k in VARIANTS}
+    out = []
+    for name in text.split(","):
+        out.append(valid[check_choice("variant", name.strip(), valid)])
+    return out
+
+
+def run_suite(args: argparse.Namespace, log=print) -> list[dict]:
+    """Run (or skip) every task x variant x seed; returns the status rows."""
+    tasks = [check_choice("task", t.strip(), DATASETS) for t in args.tasks.split(",")]
+    seeds = [int(s) for s in str(args.seeds).split(",")]
+    variants = _parse_variants(args.variants)
+    runtime = _setup(args)
+    results = Path(args.out)
+    results.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    for task in tasks:
+        for seed in seeds:
+            for attention, kernel in variants:
+                out = run_dir(results, task, attention, kernel, seed)
+                row = {"task": task, "attention": attention, "kernel": kernel, "seed": seed,
+                       "dir": str(out.relative_to(results))}
+                if (out / "metrics.json").is_file():
+                    row["status"] = "skipped (metrics.json exists)"
+                    log(f"skip {row['dir']}: metrics.json exists")
+                    rows.append(row)
+                    continue
+                config = build_config(args, {"task": task, "attention": attention,
+                                             "kernel": kernel, "seed": seed})
+                sibling = run_dir(results, task, attention,
+                                  "vanilla" if kernel == "learned" else "learned", seed)
+                t0 = time.perf_counter()
+                train_one(config, out, data_dir=args.data_dir, resume=True, runtime=runtime,
+                          warmup_from=sibling if sibling.exists() else None, log=log)
+                row.update(status="done", wall_s=time.perf_counter() - t0)
+                rows.append(row)
+                atomic_write_json(results / "suite.json", {"runs": rows})
+    atomic_write_json(results / "suite.json", {"runs": rows})
+    return rows
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tasks", default="sst2,qqp,rotten_tomatoes",
+                        help="comma-separated tasks")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated ATTENTION-KERNEL names (default: all 8: "
+                             + ", ".join(f"{a}-{k}" for a, k in VARIANTS) + ")")
+    parser.add_argument("--out", default="runs/suite", help="results directory")
+    add_common_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = run_suite(args)
+    done = sum(r["status"] == "done" for r in rows)
+    print(f"suite: {done} run(s) done, {len(rows) - done} skipped -> {args.out}/suite.json")
+    return 0

@@ -1,0 +1,184 @@
+"""Atomic checkpoints that load without executing code (safetensors + JSON).
+
+Layout of a checkpoint root::
+
+    ROOT/latest.json          {"name": "epoch-002"}   (written last, atomically)
+    ROOT/epoch-002/model.safetensors   model state_dict (particles included)
+    ROOT/epoch-002/state.safetensors   optimizer moments, RNG states (uint8 tensors)
+    ROOT/epoch-002/state.json          epoch, step, config, history, optimizer scalars
+
+Each checkpoint directory is written under a temporary name and renamed into place, then
+``latest.json`` is replaced; a crash at any point leaves the previous checkpoint valid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+__all__ = [
+    "atomic_write_json",
+    "atomic_write_text",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_model_file",
+    "optimizer_from_flat",
+    "optimizer_to_flat",
+    "save_checkpoint",
+    "save_model_file",
+]
+
+LATEST = "latest.json"
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory + ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _check_finite_json(obj: Any, where: str = "") -> None:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise FloatingPointError(f"refusing to write a non-finite value at {where or 'top'}: {obj}")
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _check_finite_json(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _check_finite_json(v, f"{where}[{i}]")
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Atomically write ``obj`` as indented JSON; NaN/inf raise ``FloatingPointError``."""
+    _check_finite_json(obj)
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def _contiguous(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # Tied weights (q_proj is k_proj) share storage; safetensors refuses shared tensors.
+    return {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}
+
+
+def save_model_file(path: str | os.PathLike, model: torch.nn.Module) -> None:
+    """Save ``model.state_dict()`` (buffers included) to a safetensors file."""
+    save_file(_contiguous(model.state_dict()), str(path))
+
+
+def load_model_file(path: str | os.PathLike, model: torch.nn.Module) -> None:
+    """Load a safetensors state dict into ``model`` (strict: missing/unexpected keys raise)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no model file at {path}")
+    state = load_file(str(path))
+    model.load_state_dict(state, strict=True)
+
+
+def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split an optimizer state dict into tensors (``"{param}.{key}"``) and JSON scalars."""
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    for pid, st in sd["state"].items():
+        for key, value in st.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim.{pid}.{key}"] = value.detach().cpu().contiguous().clone()
+            else:
+                scalars[f"{pid}.{key}"] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
+                        meta: dict) -> None:
+    """Inverse of :func:`optimizer_to_flat`."""
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        if not name.startswith("optim."):
+            continue
+        _, pid, key = name.split(".", 2)
+        state.setdefault(int(pid), {})[key] = value
+    for name, value in meta["scalars"].items():
+        pid, key = name.split(".", 1)
+        state.setdefault(int(pid), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def save_checkpoint(
+    root: str | os.PathLike,
+    name: str,
+    model: torch.nn.Module,
+    meta: dict,
+    tensors: dict[str, torch.Tensor] | None = None,
+    keep: int = 1,
+) -> Path:
+    """Write checkpoint ``ROOT/name`` atomically and point ``latest.json`` at it.
+
+    Parameters
+    ----------
+    root : checkpoint root directory
+    name : checkpoint name (e.g. ``epoch-003``)
+    model : its ``state_dict`` goes to ``model.safetensors``
+    meta : JSON-serialisable state (``state.json``)
+    tensors : extra tensors (optimizer moments, RNG states) for ``state.safetensors``
+    keep : how many checkpoints to keep (older ``epoch-*`` directories are removed)
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    _check_finite_json(meta)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{name}-"))
+    try:
+        save_model_file(tmp / "model.safetensors", model)
+        save_file(_contiguous(tensors or {}), str(tmp / "state.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(meta, indent=2, allow_nan=False) + "\n")
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_json(root / LATEST, {"name": name})
+    older = sorted(p for p in root.iterdir() if p.is_dir() and p.name != name
+                   and not p.name.startswith("."))
+    for p in older[: max(len(older) - (keep - 1), 0)]:
+        shutil.rmtree(p, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The directory named by ``ROOT/latest.json``, or ``None`` when there is none."""
+    root = Path(root)
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return None
+    name = json.loads(pointer.read_text())["name"]
+    path = root / name
+    if not (path / "state.json").is_file():
+        raise FileNotFoundError(f"{pointer} names {name!r} but {path}/state.json is missing")
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``(meta, tensors)`` of one checkpoint directory (the model file is loaded separately)."""
+    path = Path(path)
+    meta = json.loads((path / "state.json").read_text())
+    tensors = load_file(str(path / "state.safetensors"))
+    return meta, tensors

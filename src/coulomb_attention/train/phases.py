@@ -1,0 +1,301 @@
+"""The phases of two-phase kernel learning, as thin functions over the core.
+
+* warm-up and phase B (fine-tuning) are :func:`coulomb_attention.train.loop.fit` (particles
+  are buffers, so cross-entropy never moves them);
+* phase A (:func:`align_features`) moves the particles of each attention layer by projected
+  Langevin dynamics on ``H = -A + lam W`` (:class:`coulomb_attention.energy.Hamiltonian`,
+  :func:`coulomb_attention.dynamics.projected_langevin`, :func:`coulomb_attention.dynamics.run`)
+  with the sequence kernel of DESIGN.md::
+
+      phibar(S) = mean over real tokens t (and heads sharing omega) of phi(q_t; omega)   (N,)
+      k(S, S')  = phibar(S) . phibar(S')
+
+  where ``q_t = layer.queries(h)_t`` and ``h`` is the input of the attention module (captured
+  with a forward pre-hook). Layers are aligned in order, each on representations computed
+  with the already-aligned earlier layers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from .._validation import check_choice, check_nonnegative, check_positive
+from ..dynamics import make_projection, make_schedule, projected_langevin, run
+from ..energy import (
+    POTENTIALS,
+    AlignmentStats,
+    Hamiltonian,
+    alignment_from_stats,
+    alignment_stats,
+    encode_labels,
+    make_potential,
+)
+from .loop import EncodedDataset, collate
+
+__all__ = ["AlignConfig", "align_features", "collect_queries", "sequence_features"]
+
+
+@dataclass(frozen=True)
+class AlignConfig:
+    """Phase A (alignment) hyper-parameters.
+
+    Attributes
+    ----------
+    n_examples : int         training examples whose query representations are cached
+    holdout : int            further training examples, only to measure the alignment
+    batch_size : int         examples per Langevin step (one cached mini-batch)
+    steps : int              Langevin steps per layer (and head group)
+    eta, eta_end : float     step size; with ``eta_end`` a cosine schedule eta -> eta_end
+    beta : float             inverse temperature (0 means infinity: projected gradient descent)
+    lam : float              repulsion strength lambda (0: no repulsion)
+    potential : str          riesz, coulomb or log
+    s, eps : float           Riesz exponent and softening
+    radius : float           projection ball radius, in units of sqrt(head_dim)
+    max_drift : float        cap on one particle's drift per step (0: none)
+    center : bool            centered alignment
+    """
+
+    n_examples: int = 4096
+    holdout: int = 1024
+    batch_size: int = 256
+    steps: int = 100
+    eta: float = 0.05
+    eta_end: float = 0.005
+    beta: float = 1e5
+    lam: float = 1.0
+    potential: str = "riesz"
+    s: float = 1.0
+    eps: float = 0.1
+    radius: float = 3.0
+    max_drift: float = 0.5
+    center: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("n_examples", "batch_size", "steps"):
+            check_positive(name, getattr(self, name), integer=True)
+        check_nonnegative("holdout", self.holdout)
+        for name in ("eta", "eta_end", "radius", "eps"):
+            check_positive(name, getattr(self, name))
+        for name in ("beta", "lam", "max_drift", "s"):
+            check_nonnegative(name, getattr(self, name))
+        check_choice("potential", self.potential, POTENTIALS)
+
+
+def collect_queries(
+    model: nn.Module,
+    layer_index: int,
+    dataset: EncodedDataset,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+) -> list[tuple[tuple[torch.Tensor, torch.Tensor, int], torch.Tensor]]:
+    """Queries of the real tokens of attention layer ``layer_index``, batch by batch.
+
+    Returns a list of ``((q (n_tok, H, dh) float32, seq (n_tok,) long, B), labels (B,))`` in
+    dataset order: ``q = layer.queries(h)`` at the unpadded positions, ``h`` the layer's
+    input in eval mode, and ``seq`` the index of each token's sequence inside the batch
+    (padding is dropped here, so phase A never spends time on it).
+    """
+    layer = model.attention_layers[layer_index]
+    captured: dict[str, torch.Tensor] = {}
+
+    def hook(module, args, kwargs):
+        x = args[0] if args else kwargs["x"]
+        mask = args[1] if len(args) > 1 else kwargs.get("mask")
+        captured["q"] = module.queries(x)
+        captured["mask"] = mask
+        raise _Stop
+
+    handle = layer.register_forward_pre_hook(hook, with_kwargs=True)
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate)
+        with torch.no_grad():
+            for ids, mask, labels in loader:
+                try:
+                    model(ids.to(device), mask.to(device))
+                except _Stop:
+                    pass
+                q = captured["q"].detach().to("cpu", torch.float32)  # (B, H, T, dh)
+                m = captured["mask"]
+                m = torch.ones(q.shape[0], q.shape[2], dtype=torch.bool) if m is None else m.cpu()
+                seq, pos = m.bool().nonzero(as_tuple=True)  # real tokens, row-major
+                q_tok = q.permute(0, 2, 1, 3)[seq, pos].contiguous()  # (n_tok, H, dh)
+                out.append(((q_tok, seq, int(q.shape[0])), labels))
+    finally:
+        handle.remove()
+        model.train(was_training)
+    return out
+
+
+class _Stop(Exception):
+    """Stops the forward pass once the hooked layer's input is captured."""
+
+
+def sequence_features(layer: nn.Module, heads: slice):
+    """``features((q (n_tok, H, dh), seq (n_tok,), B), omega (N, dh)) -> phibar (B, N)``.
+
+    The mean over each sequence's real tokens and over the heads in ``heads`` of
+    ``layer.feature(q, omega)`` (unshifted; the statistics are accumulated in float64).
+    """
+
+    def features(inputs, omega: torch.Tensor) -> torch.Tensor:
+        q, seq, n_seq = inputs
+        q = q[:, heads]  # (n_tok, h, dh)
+        phi = layer.feature(q, omega.to(q.dtype)).sum(1)  # (n_tok, N)
+        total = phi.new_zeros(n_seq, phi.shape[1]).index_add(0, seq, phi)  # (B, N)
+        count = torch.bincount(seq, minlength=n_seq).to(phi.dtype) * q.shape[1]  # (B,)
+        return total / count.clamp_min(1.0)[:, None]
+
+    return features
+
+
+@torch.no_grad()
+def _alignment(omega, batches, features, center, reduce=None) -> float:
+    """Exact centered alignment of all ``batches`` (streamed statistics, no gradient)."""
+    stats = None
+    for inputs, y in batches:
+        s = alignment_stats(features(inputs, omega), y)
+        stats = s if stats is None else stats + s
+    if reduce is not None:
+        stats = AlignmentStats.from_tensors(reduce(stats.tensors()))
+    return float(alignment_from_stats(stats, center=center))
+
+
+def align_features(
+    model: nn.Module,
+    train_set: EncodedDataset,
+    config: AlignConfig,
+    *,
+    generator: torch.Generator,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+    reduce=None,
+) -> list[dict[str, Any]]:
+    """Phase A: learn the particles of every attention layer that has them, in place.
+
+    Parameters
+    ----------
+    model : TransformerClassifier (any module with ``attention_layers``)
+    train_set : EncodedDataset; ``config.n_examples`` + ``config.holdout`` examples are drawn
+        from it with ``generator`` (without replacement)
+    config : AlignConfig
+    generator : torch.Generator
+        Draws the examples, their order, and the Langevin noise.
+    device : where the model runs while the representations are collected
+    progress : print one line per layer
+    reduce : optional cross-process sum (``torch.distributed``): each process passes its
+        shard of the data and the same-seeded generator; statistics and gradients are summed
+        (see :func:`coulomb_attention.energy.alignment_value_and_grad`).
+
+    Returns
+    -------
+    list of dict, one per (layer, head group): ``layer``, ``heads``, ``train_before``,
+    ``train_after``, ``holdout_before``, ``holdout_after`` (centered alignments), ``energy``
+    and ``repulsion`` at the first and last step, ``boundary_fraction``, ``time_s``.
+    Only the ``omega`` buffers change; ``load_features_`` writes them.
+    """
+    if not isinstance(config, AlignConfig):
+        raise TypeError(f"config must be an AlignConfig, got {type(config).__name__}")
+    n = len(train_set)
+    n_fit = min(config.n_examples, n)
+    n_hold = min(config.holdout, n - n_fit)
+    perm = torch.randperm(n, generator=generator)
+    fit_idx, hold_idx = perm[:n_fit], perm[n_fit:n_fit + n_hold]
+
+    def subset(idx):
+        return EncodedDataset(train_set.input_ids[idx], train_set.attention_mask[idx],
+                              train_set.labels[idx])
+
+    fit_set, hold_set = subset(fit_idx), subset(hold_idx) if n_hold else None
+    y_all, classes = encode_labels(train_set.labels.numpy())
+    del y_all
+
+    def with_targets(batches):
+        out = []
+        for inputs, labels in batches:
+            y, _ = encode_labels(labels.numpy(), classes)
+            out.append((inputs, y))
+        return out
+
+    records = []
+    for li, layer in enumerate(model.attention_layers):
+        if not layer.has_features:
+            continue
+        t0 = time.perf_counter()
+        fit_batches = with_targets(collect_queries(model, li, fit_set, config.batch_size, device))
+        hold_batches = (with_targets(collect_queries(model, li, hold_set, config.batch_size,
+                                                     device)) if hold_set else [])
+        omega_all = layer.omega.detach().to("cpu", torch.float32).clone()  # (G, N, dh)
+        n_groups, _, dh = omega_all.shape
+        h = fit_batches[0][0][0].shape[1] // n_groups  # heads per omega group
+        new_omega = omega_all.clone()
+        for g in range(n_groups):
+            heads = slice(g * h, (g + 1) * h)
+            features = sequence_features(layer, heads)
+            potential = (make_potential(config.potential, s=config.s, eps=config.eps, dim=dh)
+                         if config.lam > 0 else None)
+            ham = Hamiltonian(features, potential, lam=config.lam, center=config.center,
+                              reduce=reduce)
+            projection = make_projection("ball", config.radius * math.sqrt(dh))
+            beta = math.inf if config.beta == 0 else config.beta
+            init_fn, step_fn = projected_langevin(
+                lambda omega, batch, ham=ham: ham.value_and_grad(omega, [batch]),
+                projection,
+                eta=config.eta,
+                beta=beta,
+                max_drift=config.max_drift or None,
+            )
+            omega0 = omega_all[g]
+            before = _alignment(omega0, fit_batches, features, config.center, reduce)
+            hold_before = (_alignment(omega0, hold_batches, features, config.center, reduce)
+                           if hold_batches else None)
+            order = torch.randperm(len(fit_batches), generator=generator).tolist()
+
+            def cycle(order=order, batches=fit_batches):
+                while True:
+                    for i in order:
+                        yield batches[i]
+
+            schedule = make_schedule("cosine", config.eta, config.eta_end, config.steps)
+            state, trace = run(init_fn(omega0, generator), step_fn, config.steps, cycle(),
+                               eta_schedule=schedule)
+            after = _alignment(state.omega, fit_batches, features, config.center, reduce)
+            hold_after = (_alignment(state.omega, hold_batches, features, config.center, reduce)
+                          if hold_batches else None)
+            new_omega[g] = state.omega
+            records.append({
+                "layer": li,
+                "heads": [heads.start, heads.stop],
+                "train_before": before,
+                "train_after": after,
+                "holdout_before": hold_before,
+                "holdout_after": hold_after,
+                "n_fit": n_fit,
+                "n_holdout": n_hold,
+                "steps": config.steps,
+                "energy_first": trace[0]["energy"],
+                "energy_last": trace[-1]["energy"],
+                "repulsion_first": trace[0]["repulsion"],
+                "repulsion_last": trace[-1]["repulsion"],
+                "boundary_fraction": trace[-1]["boundary_fraction"],
+                "omega_shift": float((state.omega - omega0).norm() / omega0.norm()),
+            })
+            if progress:
+                print(f"  phase A layer {li} heads {heads.start}:{heads.stop}: alignment "
+                      f"{before:.4f} -> {after:.4f}"
+                      + (f" (held-out {hold_before:.4f} -> {hold_after:.4f})"
+                         if hold_batches else ""), flush=True)
+        layer.load_features_(new_omega.to(layer.omega.dtype))
+        for r in records:
+            if r["layer"] == li:
+                r["time_s"] = time.perf_counter() - t0
+    return records
