@@ -11,14 +11,17 @@ Both phases scale out by data parallelism, with the particles and the model repl
   them. The hook is :func:`make_reduce` (or :attr:`DistributedRuntime.reduce`), passed as
   ``reduce=`` to :class:`~coulomb_attention.energy.Hamiltonian`. :class:`DistributedHamiltonian`
   also splits the O(N^2) Riesz pair sum by rows across ranks.
-* Phase B (fine-tuning) uses ``DistributedDataParallel`` (gradients averaged over ranks) and a
-  ``DistributedSampler`` (a disjoint shard of every epoch's permutation per rank). With
-  ``global_batch_size = world_size * local_batch_size`` and the mean cross-entropy on every
-  rank, one step equals the single-process step on the concatenated batch.
+* Phase B (fine-tuning) uses ``DistributedDataParallel`` (gradients averaged over ranks) and
+  a :class:`ShardedEpochSampler`: the single-process epoch order dealt round-robin. The batch
+  size is per process (PyTorch's convention, and the loop's): the ranks' batches of ``b``
+  partition the single-process batches of ``K * b``, and with the mean cross-entropy on every
+  rank (equal local batch sizes) each step equals the single-process step on the
+  concatenated batch. To train the one-process model with ``--batch-size B`` on ``K``
+  processes, pass ``--batch-size B/K``.
 
 :class:`DistributedRuntime` is the ``runtime`` of :func:`coulomb_attention.train.loop.fit`:
-``wrap`` (DDP), ``sampler`` (``DistributedSampler`` + ``set_epoch``), ``is_main`` (rank 0 writes
-checkpoints), ``barrier`` and ``all_reduce_sum``.
+``wrap`` (DDP), ``sampler`` (:class:`ShardedEpochSampler` + ``set_epoch``), ``is_main`` (rank 0
+writes checkpoints), ``barrier``, ``all_reduce_sum`` (also the phase-A hook).
 
 Launch (same CLI as one process; gloo on CPU, nccl on GPU)::
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import Dataset, DistributedSampler, Sampler, Subset
+from torch.utils.data import Dataset, RandomSampler, Sampler, Subset
 
 from .._validation import check_positive
 from ..energy.alignment import alignment_value_and_grad
@@ -49,6 +53,7 @@ __all__ = [
     "BACKENDS",
     "DistributedHamiltonian",
     "DistributedRuntime",
+    "ShardedEpochSampler",
     "all_reduce_sum",
     "barrier",
     "broadcast_module_",
@@ -230,29 +235,60 @@ def shard_indices(n: int, rank: int | None = None, world_size: int | None = None
     return range(start, start + base + (1 if rank < extra else 0))
 
 
-def shard(data, rank: int | None = None, world_size: int | None = None):
-    """This rank's contiguous shard of ``data`` (see :func:`shard_indices`).
+def _shard_positions(n: int, rank: int | None, world_size: int | None, strided: bool,
+                     equal: bool) -> list[int]:
+    rank = get_rank() if rank is None else rank
+    world_size = get_world_size() if world_size is None else world_size
+    if not strided and not equal:
+        return list(shard_indices(n, rank, world_size))
+    shard_indices(n, rank, world_size)  # validates rank, world_size and n >= world_size
+    used = n - n % world_size if equal else n
+    if strided:
+        return list(range(rank, used, world_size))
+    per = used // world_size
+    return list(range(rank * per, (rank + 1) * per))
 
-    Tensors and sequences are sliced along the first dimension; a ``Dataset`` becomes a
-    ``Subset``; a tuple of equally long tensors (e.g. ``(inputs, labels)``) is sharded
-    element-wise.
+
+def shard(data, rank: int | None = None, world_size: int | None = None, *,
+          strided: bool = False, equal: bool = False):
+    """This rank's shard of ``data``.
+
+    Parameters
+    ----------
+    data : Tensor (sharded along dim 0), tuple of tensors with the same first dimension
+        (sharded alike), list / tuple / range, an ``EncodedDataset``-like object (attributes
+        ``input_ids``, ``attention_mask``, ``labels``; returns the same type) or any
+        ``Dataset`` (returns a ``Subset``).
+    rank, world_size : default: this process in the current group
+    strided : rank ``r`` takes positions ``r, r + W, ...`` (robust to sorted data) instead of
+        a contiguous block (:func:`shard_indices`)
+    equal : drop the last ``n % W`` examples so every rank gets ``n // W`` (needed where
+        ranks must take the same number of steps, e.g. phase A on per-rank mini-batches)
+
+    Without ``equal`` the shards partition the data (exact all-reduced statistics).
     """
     if isinstance(data, tuple) and data and all(isinstance(t, torch.Tensor) for t in data):
         n = data[0].shape[0]
         if any(t.shape[0] != n for t in data):
             raise ValueError(f"tensors to shard together must share the first dimension, got "
                              f"{[tuple(t.shape) for t in data]}")
-        r = shard_indices(n, rank, world_size)
-        return tuple(t[r.start:r.stop] for t in data)
+        idx = torch.tensor(_shard_positions(n, rank, world_size, strided, equal))
+        return tuple(t[idx] for t in data)
     if isinstance(data, torch.Tensor):
-        r = shard_indices(data.shape[0], rank, world_size)
-        return data[r.start:r.stop]
+        idx = torch.tensor(_shard_positions(data.shape[0], rank, world_size, strided, equal))
+        return data[idx]
+    if all(hasattr(data, a) for a in ("input_ids", "attention_mask", "labels")):
+        idx = torch.tensor(_shard_positions(len(data), rank, world_size, strided, equal))
+        return type(data)(data.input_ids[idx], data.attention_mask[idx], data.labels[idx])
     if isinstance(data, Dataset):
-        r = shard_indices(len(data), rank, world_size)  # type: ignore[arg-type]
-        return Subset(data, list(r))
+        return Subset(data, _shard_positions(len(data), rank, world_size,  # type: ignore
+                                             strided, equal))
     if isinstance(data, (list, tuple, range, np.ndarray)):
-        r = shard_indices(len(data), rank, world_size)
-        return data[r.start:r.stop]
+        pos = _shard_positions(len(data), rank, world_size, strided, equal)
+        if isinstance(data, np.ndarray):
+            return data[np.asarray(pos, dtype=np.int64)]
+        picked = [data[i] for i in pos]
+        return tuple(picked) if isinstance(data, tuple) else picked
     raise TypeError(f"cannot shard a {type(data).__name__}; pass a tensor, list, tuple of "
                     "tensors or Dataset")
 
@@ -347,6 +383,49 @@ class DistributedHamiltonian(Hamiltonian):
 # ------------------------------------------------------------------------------ the runtime
 
 
+class ShardedEpochSampler(Sampler[int]):
+    """One rank's share of the single-process epoch order.
+
+    The order is what ``RandomSampler(dataset, generator=generator)`` yields in one process
+    (it consumes ``generator`` identically, so the loop's checkpointed data generator advances
+    as in one process); like ``DistributedSampler`` it is padded by wrapping around to
+    ``ceil(n / W) * W`` (at most ``W - 1`` examples seen twice per epoch, none when ``W``
+    divides ``n``) and dealt round-robin: rank ``r`` gets positions ``r, r + W, r + 2W, ...``.
+
+    Consecutive per-rank batches of ``b`` examples therefore partition the consecutive
+    single-process batches of ``W * b`` examples; every rank has ``ceil(n / W)`` examples
+    (the same number of steps, equal batch sizes), so DDP's average of the ranks' mean losses
+    is the mean loss of the global batch: when ``W`` divides ``n``, a run with ``W`` processes
+    and ``--batch-size b`` is the one-process run with ``--batch-size W*b``, step for step.
+    (``DistributedSampler`` would use its own permutation, so it matches only in distribution.)
+    """
+
+    def __init__(self, dataset: Dataset, generator: torch.Generator, rank: int,
+                 world_size: int) -> None:
+        n = len(dataset)  # type: ignore[arg-type]
+        if n < 1:
+            raise ValueError("cannot shard an empty dataset")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        self._order = RandomSampler(dataset, generator=generator)
+        self.rank, self.world_size, self.n = rank, world_size, n
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Record the epoch (the order already changes every epoch with the generator)."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return math.ceil(self.n / self.world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(self._order)  # (n,) consumes the generator like one process
+        total = len(self) * self.world_size
+        while len(order) < total:  # wrap around (more than once only if n < world_size)
+            order += order[: total - len(order)]
+        return iter(order[self.rank:total:self.world_size])
+
+
 @dataclass
 class DistributedRuntime(Runtime):
     """Runtime of :func:`~coulomb_attention.train.loop.fit` for ``torch.distributed``.
@@ -384,20 +463,18 @@ class DistributedRuntime(Runtime):
         )
 
     def sampler(self, dataset: Dataset, generator: torch.Generator, epoch: int) -> Sampler:
-        """This rank's part of epoch ``epoch``'s permutation (``DistributedSampler``).
+        """This rank's share of epoch ``epoch`` (a :class:`ShardedEpochSampler`).
 
-        The permutation seed is drawn from ``generator`` (the loop's data generator, seeded
-        identically and checkpointed on every rank), so all ranks shuffle alike and a resumed
-        run continues the same sequence. Ranks get ``ceil(n / world_size)`` examples each (a
-        few repeated when ``n`` is not divisible), so every rank takes the same number of steps.
+        The epoch order is the single-process one (drawn from the loop's data generator,
+        seeded identically and checkpointed on every rank), dealt out round-robin: with a
+        per-rank batch of ``b`` the ranks' batches partition the single-process batches of
+        ``world_size * b``.
         """
         if self.world_size == 1:
             return super().sampler(dataset, generator, epoch)
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-        s = DistributedSampler(dataset, num_replicas=self.world_size, rank=self.rank, shuffle=True,
-                          seed=seed, drop_last=False)
-        s.set_epoch(epoch)
-        return s
+        sampler = ShardedEpochSampler(dataset, generator, self.rank, self.world_size)
+        sampler.set_epoch(epoch)
+        return sampler
 
     def barrier(self) -> None:
         if self.world_size > 1:
@@ -412,17 +489,9 @@ class DistributedRuntime(Runtime):
         """The phase-A ``reduce=`` hook (``None`` with one process)."""
         return all_reduce_sum if self.world_size > 1 else None
 
-    def local_batch_size(self, global_batch_size: int) -> int:
-        """Per-rank batch size for a global batch (must divide evenly)."""
-        check_positive("batch_size", global_batch_size, integer=True)
-        if global_batch_size % self.world_size:
-            raise ValueError(f"batch_size {global_batch_size} is not divisible by the "
-                             f"{self.world_size} processes")
-        return global_batch_size // self.world_size
-
-    def shard(self, data):
-        """This rank's contiguous shard of ``data`` (tensor, sequence, tuple, Dataset)."""
-        return shard(data, self.rank, self.world_size)
+    def shard(self, data, *, strided: bool = False, equal: bool = False):
+        """This rank's shard of ``data`` (see :func:`shard`)."""
+        return shard(data, self.rank, self.world_size, strided=strided, equal=equal)
 
     def shared_seed(self, seed: int | None) -> int:
         """See :func:`shared_seed`."""
