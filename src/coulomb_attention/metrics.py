@@ -38,6 +38,10 @@ def check_probs_labels(
         Shape, NaN/inf, negative or > 1 entries, rows not summing to 1 (within ``sum_tol``),
         labels outside ``0..C-1``, different numbers of rows, empty input.
     """
+    if hasattr(probs, "detach"):  # torch tensors (also on GPU or requiring grad)
+        probs = probs.detach().cpu().numpy()
+    if hasattr(labels, "detach"):
+        labels = labels.detach().cpu().numpy()
     p = np.asarray(probs)
     if p.dtype == object or p.dtype.kind not in "biuf" or p.dtype.kind == "b":
         raise TypeError(f"probs must be a real floating array, got dtype {p.dtype}")
@@ -150,8 +154,10 @@ def _bin_stats(p: np.ndarray, y: np.ndarray, n_bins: int):
         raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
     conf = p.max(axis=1)
     correct = (p.argmax(axis=1) == y).astype(np.float64)
-    # bins (l, u] of width 1/n_bins; confidence 0 (impossible for C >= 2) would go to bin 0
-    idx = np.clip(np.ceil(conf * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
+    # bins (edges[i], edges[i+1]] exactly as reported by reliability_bins; a confidence of 0
+    # (impossible for C >= 2) would go to bin 0
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    idx = np.clip(np.searchsorted(edges, conf, side="left") - 1, 0, n_bins - 1)
     count = np.bincount(idx, minlength=n_bins)
     sum_conf = np.bincount(idx, weights=conf, minlength=n_bins)
     sum_acc = np.bincount(idx, weights=correct, minlength=n_bins)

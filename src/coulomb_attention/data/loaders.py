@@ -111,7 +111,7 @@ def _read_jsonl(path: pathlib.Path) -> Iterator[tuple[int, dict]]:
 
 def _read_tsv(path: pathlib.Path) -> Iterator[tuple[int, dict]]:
     try:
-        with open(path, encoding="utf-8", newline="") as fh:
+        with open(path, encoding="utf-8-sig", newline="") as fh:  # -sig: tolerate a BOM
             reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
             header = next(reader, None)
             if header is None:

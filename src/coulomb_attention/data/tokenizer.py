@@ -70,17 +70,29 @@ def _bert_pipeline(tok: _HFTokenizer, lowercase: bool, cls_id: int, sep_id: int)
     tok.decoder = decoders.WordPiece(prefix="##")
 
 
-def _atomic_write_text(path: pathlib.Path, text: str) -> None:
+def _atomic_write_text(path: pathlib.Path, text: str, exclusive: bool = False) -> bool:
+    """Write ``text`` to ``path`` atomically (temp file + rename). With ``exclusive``, never
+    replace an existing file (first writer wins) and return False if one was already there."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
+        if not exclusive:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)  # atomic and fails if path exists
+        except FileExistsError:
+            return False
+        except OSError:  # file system without hard links
+            if path.exists():
+                return False
+            os.replace(tmp, path)
+        return True
+    finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise
 
 
 class Tokenizer:
@@ -160,16 +172,19 @@ class Tokenizer:
         return cls(hf, meta)
 
     def save(self, path: str | os.PathLike) -> pathlib.Path:
-        """Write the tokenizer as JSON (atomically) and return the path."""
+        """Write the tokenizer as JSON (atomically, replacing ``path``) and return the path."""
         path = pathlib.Path(path)
+        _atomic_write_text(path, self._to_json())
+        return path
+
+    def _to_json(self) -> str:
         payload = {
             "format": _FORMAT,
             "version": _VERSION,
             "meta": self.meta,
             "tokenizer": json.loads(self._tok.to_str()),
         }
-        _atomic_write_text(path, json.dumps(payload, ensure_ascii=False))
-        return path
+        return json.dumps(payload, ensure_ascii=False)
 
     # ------------------------------------------------------------------ encoding
     def encode_batch(
@@ -339,6 +354,15 @@ def build_tokenizer(
     _bert_pipeline(hf, lowercase, vocab["[CLS]"], vocab["[SEP]"])
     meta = {**settings, "fingerprint": fingerprint, "n_texts": len(items)}
     tok = Tokenizer(hf, meta)
-    if path is not None:
-        tok.save(path)
+    if path is not None and not _atomic_write_text(path, tok._to_json(), exclusive=True):
+        # another process cached the same texts meanwhile: use its file, so that every user of
+        # the cache sees the same vocabulary (HF training may break ties differently)
+        return build_tokenizer(
+            items,
+            vocab_size,
+            path,
+            lowercase=lowercase,
+            min_frequency=min_frequency,
+            limit_alphabet=limit_alphabet,
+        )
     return tok
