@@ -91,8 +91,8 @@ def run_phase_b(runtime, global_batch: int, epochs: int = 2, checkpoint_dir=None
                       n_features=8, dropout=0.0)
     model = TransformerClassifier(cfg, generator=torch.Generator().manual_seed(5))
     tcfg = TrainConfig(epochs=epochs, batch_size=global_batch // runtime.world_size, lr=1e-2,
-                       grad_clip=1.0, warmup_fraction=0.0 if schedule == "constant" else 0.2, schedule=schedule)
-
+                       grad_clip=1.0, schedule=schedule,
+                       warmup_fraction=0.0 if schedule == "constant" else 0.2)
     result = fit(model, EncodedDataset(ids, mask, labels), tcfg, seed=11, runtime=runtime,
                  checkpoint_dir=checkpoint_dir, resume=resume, stop_after=stop_after,
                  run_config={"test": 1})
