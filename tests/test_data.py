@@ -22,6 +22,7 @@ from coulomb_attention.data import (
     build_tokenizer,
     corrupt_tokens,
     load_task,
+    read_rows,
     resolve_data_dir,
 )
 from coulomb_attention.data import tokenizer as tokenizer_mod
@@ -166,6 +167,30 @@ def test_real_data_counts_and_qqp_fallback():
     assert load_task("qqp", "train", REAL_DATA).split == "train_10k"
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not (REAL_DATA / "qqp").is_dir(), reason="real data not on this machine")
+def test_samples_are_reproducible_and_verbatim(tmp_path):
+    import importlib.util
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "make_samples.py"
+    spec = importlib.util.spec_from_file_location("make_samples", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--data-dir", str(REAL_DATA), "--out", str(tmp_path)]) == 0
+    shipped = sorted(p.relative_to(SAMPLES_DIR) for p in SAMPLES_DIR.glob("*/*.jsonl.gz"))
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.glob("*/*.jsonl.gz")) == shipped
+    for rel in shipped:  # same bytes as the shipped files
+        assert (tmp_path / rel).read_bytes() == (SAMPLES_DIR / rel).read_bytes(), rel
+    for rel in shipped:  # every sample row is a row of its source file, unchanged
+        task, split = rel.parts[0], rel.name.removesuffix(".jsonl.gz")
+        origin = SAMPLE_ORIGINS.get((task, split), f"{task}/{split}")
+        source = {
+            json.dumps(r, sort_keys=True) for _, r in read_rows(REAL_DATA / f"{origin}.jsonl.gz")
+        }
+        rows = [json.dumps(r, sort_keys=True) for _, r in read_rows(SAMPLES_DIR / rel)]
+        assert len(set(rows)) == len(rows) and set(rows) <= source, rel
+
+
 # --------------------------------------------------------------------------- file formats
 
 
@@ -225,6 +250,21 @@ def test_plain_jsonl_and_blank_lines(tmp_path):
     p.write_text(json.dumps(SST_ROWS[0]) + "\n\n" + json.dumps(SST_ROWS[1]) + "\n")
     ex = load_task("sst2", "train", tmp_path)
     assert len(ex) == 2 and ex.labels.tolist() == [0, 1]
+
+
+def test_parquet_reader_with_stub_pyarrow(tmp_path, monkeypatch):
+    # the conversion path, whatever is installed: rows come from pyarrow's to_pylist()
+    table = types.SimpleNamespace(
+        to_pylist=lambda: [dict(r, label=np.int64(r["label"])) for r in SST_ROWS]
+    )
+    pq = types.SimpleNamespace(read_table=lambda path: table)
+    monkeypatch.setitem(sys.modules, "pyarrow", types.SimpleNamespace(parquet=pq))
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", pq)
+    p = tmp_path / "sst2" / "validation.parquet"
+    p.parent.mkdir()
+    p.write_bytes(b"PAR1")
+    ex = load_task("sst2", "validation", tmp_path)
+    assert ex.source == str(p) and ex.labels.tolist() == [0, 1, 0, 1, 0, 1]
 
 
 def test_parquet(tmp_path):
