@@ -21,6 +21,7 @@ from coulomb_attention.data import (
     Tokenizer,
     build_tokenizer,
     corrupt_tokens,
+    find_split_file,
     load_task,
     read_rows,
     resolve_data_dir,
@@ -299,6 +300,8 @@ def test_missing_file_names_path_and_existing_files(tmp_path):
     assert "files in" in msg and "train.jsonl.gz" in msg
     with pytest.raises(FileNotFoundError, match=r"does not exist.*holds: sst2"):
         load_task("qqp", "train", tmp_path)
+    with pytest.raises(FileNotFoundError, match="data directory"):
+        find_split_file("sst2", "train", tmp_path / "absent")
 
 
 def test_truncated_gzip(tmp_path):

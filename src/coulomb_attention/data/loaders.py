@@ -250,6 +250,8 @@ def find_split_file(
     spec = get_task(spec)
     split = _check_split_name(split)
     data_dir = pathlib.Path(data_dir)
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"data directory {str(data_dir)!r} does not exist")
     if split == ADVERSARIAL_SPLIT:
         if not spec.has_adversarial:
             raise ValueError(
