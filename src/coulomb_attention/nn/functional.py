@@ -277,17 +277,34 @@ def _chunks(n: int, size: int):
     return [(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def _key_logits(k_c, w, m_c):
-    """``log_positive`` of a key chunk with padded keys set to -inf: (G, c, M)."""
-    a = log_positive(k_c, w)
+def _key_features(k_c, w, m_c, c, kv=None):
+    """Shifted key features of a chunk, ``exp(log_positive(k_c, w) - c)``: (G, c, M).
+
+    ``log_positive = k . w_m - |k|^2/2`` is evaluated as one matmul and one in-place
+    subtraction of the per-row term plus the shift; padded rows (``m_c`` False) get ``+inf``
+    subtracted, so their features are exactly 0 (never ``inf * 0``). With ``kv`` given
+    (forward), ``c`` is the running max per group ``(G, 1, 1)``: it is updated in place
+    from this chunk and ``kv`` is rescaled to the new shift (online max).
+    """
+    a = k_c @ w.T  # (G, c, M)
+    half_sq = 0.5 * (k_c * k_c).sum(-1, keepdim=True)  # (G, c, 1)
     if m_c is not None:
-        a.masked_fill_(~m_c.unsqueeze(-1), -math.inf)
-    return a
+        half_sq = half_sq.masked_fill(~m_c.unsqueeze(-1), math.inf)
+    if kv is not None:
+        row_max = a.amax(-1, keepdim=True) - half_sq  # (G, c, 1), -inf on padded rows
+        c_new = torch.maximum(c, row_max.amax(1, keepdim=True))  # -inf: no real key yet
+        kv.mul_(torch.exp(c - _safe(c_new)))  # c = -inf: factor 0 on a zero kv
+        c.copy_(c_new)
+    return a.sub_(half_sq + _safe(c)).exp_()
 
 
 def _query_features(q_c, w):
-    """Row-shifted query features ``exp(a - rowmax a)``, a = log_positive: (G, c, M)."""
-    a = log_positive(q_c, w)
+    """Row-shifted query features of a chunk: (G, c, M).
+
+    ``exp(log_positive(q, w) - rowmax) = exp(q . w_m - max_m q . w_m)``: the ``-|q|^2/2`` of
+    ``log_positive`` is a per-row constant, removed exactly by the per-row shift.
+    """
+    a = q_c @ w.T  # (G, c, M)
     return a.sub_(a.amax(-1, keepdim=True)).exp_()
 
 
@@ -310,13 +327,8 @@ class _FavorFn(torch.autograd.Function):
         c = v.new_full((G, 1, 1), -math.inf)
         for s0, s1 in _chunks(S, chunk):
             m_c = None if key_mask is None else key_mask[:, s0:s1]
-            a = _key_logits(k[:, s0:s1], w, m_c)  # (G, c, M)
-            c_new = torch.maximum(c, a.amax(dim=(1, 2), keepdim=True))
-            c_safe = _safe(c_new)
-            kv.mul_(torch.exp(c - c_safe))  # c = -inf -> factor 0 on a zero kv
-            a.sub_(c_safe).exp_()
-            kv.baddbmm_(a.transpose(1, 2), v1[:, s0:s1])
-            c = c_new
+            r = _key_features(k[:, s0:s1], w, m_c, c, kv)  # (G, c, M)
+            kv.baddbmm_(r.transpose(1, 2), v1[:, s0:s1])
         c = _safe(c)
         # Queries: n = phi(q) kv, out = n[:e] / n[e].
         T = q.shape[1]
@@ -353,7 +365,9 @@ class _FavorFn(torch.autograd.Function):
             if need_q or need_w:
                 da = torch.bmm(dn, kv.transpose(1, 2)).mul_(p)  # (G, c, M)
                 if need_q:
-                    dq[:, t0:t1] = da @ w - q_c * da.sum(-1, keepdim=True)
+                    # The -q rowsum(da) term of log_positive's derivative is exactly 0 here:
+                    # a per-row factor of phi(q) cancels in the ratio.
+                    dq[:, t0:t1] = da @ w
                 if need_w:
                     dw += da.reshape(-1, da.shape[-1]).T @ q_c.reshape(-1, q_c.shape[-1])
         dk = torch.empty_like(k) if need_k else None
@@ -362,7 +376,7 @@ class _FavorFn(torch.autograd.Function):
             for s0, s1 in _chunks(S, chunk):
                 k_c = k[:, s0:s1]
                 m_c = None if key_mask is None else key_mask[:, s0:s1]
-                r = _key_logits(k_c, w, m_c).sub_(c).exp_()  # (G, c, M)
+                r = _key_features(k_c, w, m_c, c)  # (G, c, M)
                 if need_v:
                     torch.bmm(r, dkv[..., :e], out=dv[:, s0:s1])
                 if need_k or need_w:
