@@ -115,6 +115,7 @@ def test_samples_total_size_and_origins():
     assert sum(f.stat().st_size for f in files) < 1_000_000
     ex = load_task("qqp", "validation", SAMPLES_DIR)
     assert "qqp/validation_half" in ex.description  # the sample's real origin is named
+    assert "BabyLM-2025 half" in ex.description
 
 
 @pytest.mark.parametrize("task, n", [("sst2", 148), ("qqp", 78)])
@@ -165,6 +166,7 @@ def test_real_data_counts_and_qqp_fallback():
     qqp = load_task("qqp", "validation", REAL_DATA)
     assert qqp.split == "validation_half" and len(qqp) == 20215 and int(qqp.labels.sum()) == 7525
     assert qqp.source.endswith("qqp/validation_half.jsonl.gz")
+    assert "QQP dev, BabyLM-2025 half (20,215 of 40,430 pairs)" in qqp.description
     assert load_task("qqp", "train", REAL_DATA).split == "train_10k"
 
 

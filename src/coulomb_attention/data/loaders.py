@@ -392,6 +392,12 @@ def load_task(
                 f"{spec.name}/{actual}: SHIPPED SAMPLE of {len(texts)} rows drawn from {origin} "
                 f"({path})"
             )
+    notes = dict(spec.subset_notes)
+    origin_split = actual
+    if is_sample and (spec.name, actual) in SAMPLE_ORIGINS:
+        origin_split = SAMPLE_ORIGINS[(spec.name, actual)].split("/")[-1]
+    if origin_split in notes:
+        desc += f" [{notes[origin_split]}]"
     n = len(texts)
     indices = None
     if limit is not None and limit < n:

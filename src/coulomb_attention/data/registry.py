@@ -73,6 +73,9 @@ class TaskSpec:
     dir_aliases : tuple of str
         Other folder names tried after ``name`` (the GLUE download script's ``SST-2``, ``QQP``),
         so ``data_dir`` can point straight at an unpacked ``glue_data`` folder.
+    subset_notes : tuple of (str, str)
+        For each documented subset split, how reports must name it (added to
+        :attr:`TextExamples.description`).
     """
 
     name: str
@@ -88,6 +91,7 @@ class TaskSpec:
     label_aliases: tuple[str, ...] = ()
     hf_adversarial: tuple[str, ...] | None = None
     dir_aliases: tuple[str, ...] = ()
+    subset_notes: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_pair(self) -> bool:
@@ -136,6 +140,13 @@ DATASETS: dict[str, TaskSpec] = {
         label_aliases=("is_duplicate",),
         hf_adversarial=("adv_glue", "adv_qqp"),
         dir_aliases=("QQP",),
+        subset_notes=(
+            (
+                "validation_half",
+                "QQP dev, BabyLM-2025 half (20,215 of 40,430 pairs); not a GLUE QQP dev score",
+            ),
+            ("train_10k", "QQP train, BabyLM-2025 random subset (10,000 of 363,846 pairs)"),
+        ),
     ),
     "rotten_tomatoes": TaskSpec(
         name="rotten_tomatoes",
