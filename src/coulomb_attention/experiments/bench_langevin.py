@@ -1,0 +1,162 @@
+"""``coulomb-attention bench langevin``: wall time of one projected Langevin step.
+
+One step of the core dynamics (``projected_langevin`` on the core ``Hamiltonian``: centered
+alignment of an rff kernel on a batch of ``n`` points in ``d`` dimensions, Riesz repulsion,
+ball projection, finite beta) for ``N`` particles. Its cost is ``O(n N d + n N^2)`` for the
+alignment statistics (``Phi^T Phi``) plus ``O(N^2 d)`` for the pair energy: linear in ``n``.
+For each N the table gives the time per step at each n and the slope of
+``log time`` versus ``log n`` fitted by least squares (1 = linear), and the slope in N at the
+largest n.
+
+Writes ``langevin_step.csv``, ``langevin_step.json`` and ``langevin_step.png`` under ``--out``
+(default ``runs/bench_langevin``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..dynamics import Ball, projected_langevin
+from ..energy import Hamiltonian, encode_labels, make_potential
+from ..features import draw_bias, feature_fn, sample
+
+__all__ = ["add_arguments", "run", "time_step"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="runs/bench_langevin", help="output directory")
+    parser.add_argument("--quick", action="store_true", help="small grid (< 1 min)")
+    parser.add_argument("--N", type=int, nargs="+", help="numbers of particles")
+    parser.add_argument("--n", type=int, nargs="+", help="batch sizes (data points per step)")
+    parser.add_argument("--d", type=int, default=16, help="input dimension")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps (min is reported)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+
+
+def time_step(N: int, n: int, d: int, repeats: int, dtype: torch.dtype, seed: int = 0) -> float:
+    """Minimum wall time (s) of one Langevin step over ``repeats`` steps (after a warm-up)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=gen, dtype=dtype)
+    y = (x[:, 0] * x[:, 1] > 0).long().numpy()
+    Y, _ = encode_labels(y)
+    omega = sample("gaussian", N, d, scale=math.sqrt(2.0 / d), generator=gen, dtype=dtype)
+    phi = feature_fn("rff", draw_bias(N, generator=gen, dtype=dtype))
+    ham = Hamiltonian(phi, make_potential("riesz", s=1.0, eps=0.05), lam=0.01)
+    init_fn, step_fn = projected_langevin(
+        lambda w, batch: ham.value_and_grad(w, [batch]), Ball(3.0), eta=1e-3, beta=1e4
+    )
+    state = init_fn(omega, gen)
+    batch = (x, Y)
+    state, _ = step_fn(state, batch)  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        state, _ = step_fn(state, batch)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _slope(xs, ys) -> float:
+    lx, ly = np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float))
+    return float(np.polyfit(lx, ly, 1)[0]) if len(xs) > 1 else float("nan")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.quick:
+        Ns, ns = args.N or [64, 256, 1024], args.n or [256, 1024, 4096]
+    else:
+        Ns, ns = args.N or [64, 256, 1024, 4096], args.n or [512, 2048, 8192]
+    for name, vals in (("--N", Ns), ("--n", ns)):
+        if any(v < 2 for v in vals):
+            raise ValueError(f"{name} values must be >= 2, got {vals}")
+    if args.d < 1 or args.repeats < 1 or args.threads < 1:
+        raise ValueError("--d, --repeats and --threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for N in Ns:
+        for n in ns:
+            t = time_step(N, n, args.d, args.repeats, dtype)
+            rows.append({"N": N, "n": n, "d": args.d, "seconds": t})
+            print(f"N={N:<5} n={n:<6} {1e3 * t:9.2f} ms/step", flush=True)
+    slopes_n = {N: _slope(ns, [r["seconds"] for r in rows if r["N"] == N]) for N in Ns}
+    n_max = max(ns)
+    slope_N = _slope(Ns, [r["seconds"] for r in rows if r["n"] == n_max])
+    header = "| N | " + " | ".join(f"n={n} (ms)" for n in ns) + " | slope in n |"
+    lines = [header, "|---" * (len(ns) + 2) + "|"]
+    for N in Ns:
+        cells = [f"{1e3 * r['seconds']:.1f}" for r in rows if r["N"] == N]
+        lines.append(f"| {N} | " + " | ".join(cells) + f" | {slopes_n[N]:.2f} |")
+    table = "\n".join(lines)
+    print()
+    print(table)
+    print(f"slope of log time in log N at n={n_max}: {slope_N:.2f}")
+    meta = {
+        "d": args.d,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+    }
+    with open(out / "langevin_step.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["N", "n", "d", "seconds"])
+        w.writeheader()
+        w.writerows(rows)
+    with open(out / "langevin_step.json", "w") as fh:
+        json.dump(
+            {
+                "meta": meta,
+                "rows": rows,
+                "slope_in_n": {str(k): v for k, v in slopes_n.items()},
+                "slope_in_N_at_max_n": slope_N,
+                "table_md": table,
+            },
+            fh,
+            indent=1,
+        )
+    plot(out / "langevin_step.json", out / "langevin_step.png")
+    print(f"wrote {out}/langevin_step.{{csv,json,png}}")
+    return 0
+
+
+def plot(json_path: Path, png_path: Path) -> None:
+    """Time per step versus n, one line per N (log-log), read from the JSON only."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = json.loads(Path(json_path).read_text())
+    rows = res["rows"]
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for N in sorted({r["N"] for r in rows}):
+        rs = sorted((r for r in rows if r["N"] == N), key=lambda r: r["n"])
+        ns = np.array([r["n"] for r in rs], float)
+        ts = np.array([r["seconds"] for r in rs])
+        ax.loglog(ns, 1e3 * ts, "o-", label=f"N={N} (slope {res['slope_in_n'][str(N)]:.2f})")
+    ns = np.array(sorted({r["n"] for r in rows}), float)
+    t0 = min(r["seconds"] for r in rows if r["n"] == ns[0])
+    ax.loglog(ns, 1e3 * t0 * ns / ns[0], "k:", label="linear in n")
+    ax.set_xlabel("n (data points per step)")
+    ax.set_ylabel("ms per Langevin step")
+    meta = res["meta"]
+    ax.set_title(
+        f"one projected Langevin step (d={meta['d']}, {meta['dtype']}, {meta['threads']} threads)"
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
