@@ -91,7 +91,7 @@ def run_phase_b(runtime, global_batch: int, epochs: int = 2, checkpoint_dir=None
                       n_features=8, dropout=0.0)
     model = TransformerClassifier(cfg, generator=torch.Generator().manual_seed(5))
     tcfg = TrainConfig(epochs=epochs, batch_size=global_batch // runtime.world_size, lr=1e-2,
-                       grad_clip=1.0, schedule=schedule,
+                       grad_clip=1.0, schedule=schedule, length_grouping=0,
                        warmup_fraction=0.0 if schedule == "constant" else 0.2)
     result = fit(model, EncodedDataset(ids, mask, labels), tcfg, seed=11, runtime=runtime,
                  checkpoint_dir=checkpoint_dir, resume=resume, stop_after=stop_after,
@@ -289,6 +289,9 @@ def test_sharded_sampler_partitions_single_process_batches(n, world, local):
     for j in range(0, len(shares[0]), local):  # one step: every rank's next local batch
         step = sorted(sum((s[j:j + local] for s in shares), []))
         assert step == sorted(padded[j * world:(j + local) * world])
+    # a given global order (e.g. length-grouped) is dealt out the same way
+    given = [list(dd.ShardedEpochSampler(data, None, r, world, order=single)) for r in range(world)]
+    assert given == shares
     # the generator advanced exactly as in one process
     ref = torch.Generator().manual_seed(1)
     list(torch.utils.data.RandomSampler(data, generator=ref))

@@ -398,16 +398,21 @@ class ShardedEpochSampler(Sampler[int]):
     is the mean loss of the global batch: when ``W`` divides ``n``, a run with ``W`` processes
     and ``--batch-size b`` is the one-process run with ``--batch-size W*b``, step for step.
     (``DistributedSampler`` would use its own permutation, so it matches only in distribution.)
+
+    ``order``: a global epoch order to deal out instead (e.g. a length-grouped one built on
+    the global batch ``W * b``, so the grouped batches are also the one-process batches).
     """
 
     def __init__(self, dataset: Dataset, generator: torch.Generator, rank: int,
-                 world_size: int) -> None:
+                 world_size: int, order: Sampler | None = None) -> None:
         n = len(dataset)  # type: ignore[arg-type]
         if n < 1:
             raise ValueError("cannot shard an empty dataset")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        self._order = RandomSampler(dataset, generator=generator)
+        if order is not None and len(order) != n:  # type: ignore[arg-type]
+            raise ValueError(f"order yields {len(order)} indices for {n} examples")  # type: ignore
+        self._order = RandomSampler(dataset, generator=generator) if order is None else order
         self.rank, self.world_size, self.n = rank, world_size, n
         self.epoch = 0
 
@@ -462,17 +467,18 @@ class DistributedRuntime(Runtime):
             find_unused_parameters=self.find_unused_parameters,
         )
 
-    def sampler(self, dataset: Dataset, generator: torch.Generator, epoch: int) -> Sampler:
+    def sampler(self, dataset: Dataset, generator: torch.Generator, epoch: int,
+                order: Sampler | None = None) -> Sampler:
         """This rank's share of epoch ``epoch`` (a :class:`ShardedEpochSampler`).
 
         The epoch order is the single-process one (drawn from the loop's data generator,
         seeded identically and checkpointed on every rank), dealt out round-robin: with a
         per-rank batch of ``b`` the ranks' batches partition the single-process batches of
-        ``world_size * b``.
+        ``world_size * b``. ``order``: a global order to deal out instead of the permutation.
         """
         if self.world_size == 1:
-            return super().sampler(dataset, generator, epoch)
-        sampler = ShardedEpochSampler(dataset, generator, self.rank, self.world_size)
+            return order if order is not None else super().sampler(dataset, generator, epoch)
+        sampler = ShardedEpochSampler(dataset, generator, self.rank, self.world_size, order)
         sampler.set_epoch(epoch)
         return sampler
 
