@@ -176,7 +176,8 @@ def _evaluate_all(model, ev_set, ev_labels, adv_set, adv_labels, tokenizer, conf
     probs = predict_proba(model, ev_set, bs)
     infer_s = time.perf_counter() - t0
     result = _metrics(probs, ev_labels)
-    reliability = M.reliability_bins(probs.numpy(), ev_labels)
+    reliability = {k: [None if isinstance(x, float) and math.isnan(x) else x for x in v]
+                   for k, v in M.reliability_bins(probs.numpy(), ev_labels).items()}
     robust: dict[str, Any] = {}
     for kind in config.robust.kinds:
         for rate in config.robust.rates:

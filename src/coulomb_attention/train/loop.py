@@ -39,6 +39,7 @@ from .checkpoint import (
 __all__ = [
     "EncodedDataset",
     "FitResult",
+    "LengthGroupedSampler",
     "Runtime",
     "SCHEDULES",
     "TrainConfig",
@@ -66,6 +67,8 @@ class TrainConfig:
     grad_clip : float         max global gradient norm (0: no clipping)
     label_smoothing : float
     eval_batch_size : int
+    length_grouping : int     group this many batches of the epoch's permutation and sort
+        each group by length (less padding, same examples per epoch); 0 or 1: off
     """
 
     epochs: int = 3
@@ -77,8 +80,10 @@ class TrainConfig:
     grad_clip: float = 1.0
     label_smoothing: float = 0.0
     eval_batch_size: int = 256
+    length_grouping: int = 20
 
     def __post_init__(self) -> None:
+        check_nonnegative("length_grouping", self.length_grouping)
         check_positive("epochs", self.epochs, integer=True)
         check_positive("batch_size", self.batch_size, integer=True)
         check_positive("eval_batch_size", self.eval_batch_size, integer=True)
@@ -129,6 +134,34 @@ class EncodedDataset(Dataset):
 
     def __getitem__(self, i):
         return self.input_ids[i], self.attention_mask[i], self.labels[i]
+
+
+class LengthGroupedSampler(Sampler):
+    """Reorder a base sampler's indices so batches hold sequences of similar length.
+
+    The base order (e.g. a random permutation, or one rank's shard of it) is cut into groups
+    of ``group_batches * batch_size`` indices; each group is sorted by length, split into
+    batches, and the batches of the group are shuffled with ``generator``. Every index of the
+    base order is yielded exactly once.
+    """
+
+    def __init__(self, base: Sampler, lengths: torch.Tensor, batch_size: int,
+                 group_batches: int, generator: torch.Generator) -> None:
+        self.base, self.lengths = base, lengths
+        self.batch_size, self.group_batches, self.generator = batch_size, group_batches, generator
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __iter__(self):
+        order = torch.as_tensor(list(iter(self.base)), dtype=torch.long)
+        size = self.batch_size * self.group_batches
+        for start in range(0, len(order), size):
+            group = order[start:start + size]
+            group = group[torch.argsort(self.lengths[group], stable=True)]
+            batches = list(group.split(self.batch_size))
+            for i in torch.randperm(len(batches), generator=self.generator).tolist():
+                yield from batches[i].tolist()
 
 
 def collate(items) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -202,16 +235,23 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 @torch.no_grad()
 def predict_proba(model: nn.Module, dataset: EncodedDataset, batch_size: int = 256,
                   device: torch.device | str = "cpu") -> torch.Tensor:
-    """Class probabilities ``(n, C)`` (float64) of ``model`` in eval mode, in dataset order."""
+    """Class probabilities ``(n, C)`` (float64) of ``model`` in eval mode, in dataset order.
+
+    Examples are batched by length (less padding); the result is in the original order.
+    """
     was_training = model.training
     model.eval()
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate)
+    order = torch.argsort(dataset.attention_mask.sum(1), stable=True)
     out = []
-    for ids, mask, _ in loader:
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        ids, mask, _ = collate([dataset[int(i)] for i in idx])
         logits = model(ids.to(device), mask.to(device))
         out.append(torch.softmax(logits.double(), dim=-1).cpu())
     model.train(was_training)
-    return torch.cat(out)
+    probs = torch.empty(len(order), out[0].shape[1], dtype=torch.float64)
+    probs[order] = torch.cat(out)
+    return probs
 
 
 def _rng_devices(device: torch.device) -> list:
@@ -311,6 +351,10 @@ def fit(
         for epoch in range(start_epoch, last):
             t0 = time.perf_counter()
             sampler = runtime.sampler(train_set, data_gen, epoch)
+            if config.length_grouping > 1 and hasattr(train_set, "attention_mask"):
+                sampler = LengthGroupedSampler(sampler, train_set.attention_mask.sum(1),
+                                               config.batch_size, config.length_grouping,
+                                               data_gen)
             loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler,
                                 collate_fn=collate)
             net.train()
@@ -329,8 +373,8 @@ def fit(
                                                    label_smoothing=config.label_smoothing)
                 if not bool(torch.isfinite(loss)):
                     raise FloatingPointError(
-                        f"non-finite training loss ({float(loss)}) at epoch {epoch + 1}, step "
-                        f"{step}; lower the learning rate or check the inputs"
+                        f"non-finite training loss ({float(loss.detach())}) at epoch "
+                        f"{epoch + 1}, step {step}; lower the learning rate or check the inputs"
                     )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -338,9 +382,9 @@ def fit(
                     nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
                 optimizer.step()
                 step += 1
-                loss_sum += float(loss) * labels.shape[0]
+                loss_sum += float(loss.detach()) * labels.shape[0]
                 n_seen += labels.shape[0]
-                bar.set_postfix(loss=f"{float(loss):.4f}", lr=f"{lr:.2e}", refresh=False)
+                bar.set_postfix(loss=f"{float(loss.detach()):.4f}", lr=f"{lr:.2e}", refresh=False)
             bar.close()
             loss_sum, n_seen = runtime.all_reduce_sum([loss_sum, n_seen])
             epoch_time = time.perf_counter() - t0

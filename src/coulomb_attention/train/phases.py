@@ -69,7 +69,7 @@ class AlignConfig:
     eta: float = 0.05
     eta_end: float = 0.005
     beta: float = 1e5
-    lam: float = 1.0
+    lam: float = 0.5
     potential: str = "riesz"
     s: float = 1.0
     eps: float = 0.1

@@ -1,0 +1,242 @@
+"""The training loop, checkpoints, the two phases and the train/suite/report commands.
+
+Everything runs on tiny models (width 16, one or two blocks) and the shipped samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from coulomb_attention.config import override
+from coulomb_attention.data import SAMPLES_DIR
+from coulomb_attention.experiments import report, suite
+from coulomb_attention.experiments import train as train_cmd
+from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
+from coulomb_attention.train.checkpoint import (
+    atomic_write_json,
+    latest_checkpoint,
+    load_checkpoint,
+    load_model_file,
+    optimizer_from_flat,
+    optimizer_to_flat,
+    save_checkpoint,
+)
+from coulomb_attention.train.loop import EncodedDataset, TrainConfig, fit, lr_factor, predict_proba
+from coulomb_attention.train.phases import AlignConfig, align_features
+
+TINY = {
+    "warmup_epochs": 1,
+    "data": {"max_length": 32, "vocab_size": 300, "train_limit": 96, "eval_limit": 48},
+    "model": {"dim": 16, "layers": 1, "heads": 2, "mlp_dim": 32, "n_features": 8,
+              "max_len": 32},
+    "train": {"epochs": 1, "batch_size": 16, "lr": 3e-3, "eval_batch_size": 64},
+    "align": {"n_examples": 64, "holdout": 32, "batch_size": 32, "steps": 4},
+    "robust": {"rates": [0.2]},
+}
+
+
+def synthetic_set(n=96, t=10, vocab=30, seed=0) -> EncodedDataset:
+    """Label 1 iff token 3 occurs: a task a one-layer model learns in a few epochs."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (n, t), generator=g)
+    labels = torch.randint(0, 2, (n,), generator=g)
+    pos = torch.randint(1, t // 2, (n,), generator=g)
+    ids[labels == 1, pos[labels == 1]] = 3
+    lengths = torch.randint(t // 2 + 1, t + 1, (n,), generator=g)
+    mask = torch.arange(t)[None] < lengths[:, None]
+    ids[~mask] = 0
+    return EncodedDataset(ids, mask, labels)
+
+
+def tiny_model(attention="favor", layers=1, seed=0) -> TransformerClassifier:
+    cfg = ModelConfig(vocab_size=30, dim=16, layers=layers, heads=2, mlp_dim=32, max_len=16,
+                      attention=attention, n_features=8, dropout=0.1)
+    return TransformerClassifier(cfg, generator=torch.Generator().manual_seed(seed))
+
+
+def _acc(model, data):
+    p = predict_proba(model, data)
+    return float((p.argmax(1) == data.labels).double().mean())
+
+
+def test_lr_schedule():
+    f = [lr_factor(s, 100, 0.1, "linear") for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[9:], f[10:], strict=False)) and f[-1] < 0.02
+    c = [lr_factor(s, 100, 0.0, "cosine") for s in range(100)]
+    assert c[0] == pytest.approx(1.0) and c[50] == pytest.approx(0.5, abs=0.02)
+    assert lr_factor(50, 100, 0.1, "constant") == 1.0
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = tiny_model("softmax_feat")  # tied q/k: shared storage must round-trip
+    data = synthetic_set()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss = nn.functional.cross_entropy(model(data.input_ids[:8], data.attention_mask[:8]),
+                                       data.labels[:8])
+    loss.backward()
+    opt.step()
+    tensors, meta = optimizer_to_flat(opt)
+    tensors["rng.torch"] = torch.get_rng_state()
+    save_checkpoint(tmp_path, "epoch-001", model, {"optimizer": meta, "epoch": 1}, tensors)
+    save_checkpoint(tmp_path, "epoch-002", model, {"optimizer": meta, "epoch": 2}, tensors)
+    ck = latest_checkpoint(tmp_path)
+    assert ck.name == "epoch-002" and not (tmp_path / "epoch-001").exists()
+    fresh = tiny_model("softmax_feat", seed=5)
+    load_model_file(ck / "model.safetensors", fresh)
+    for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+    assert fresh.attention_layers[0].k_proj is fresh.attention_layers[0].q_proj
+    meta2, tensors2 = load_checkpoint(ck)
+    opt2 = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    optimizer_from_flat(opt2, tensors2, meta2["optimizer"])
+    s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert s1.keys() == s2.keys()
+    for pid in s1:
+        for key in s1[pid]:
+            assert torch.equal(torch.as_tensor(s1[pid][key]), torch.as_tensor(s2[pid][key]))
+    assert torch.equal(tensors2["rng.torch"], tensors["rng.torch"])
+    with pytest.raises(FloatingPointError):
+        atomic_write_json(tmp_path / "x.json", {"a": [1.0, math.nan]})
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    data = synthetic_set()
+    cfg = TrainConfig(epochs=2, batch_size=16, lr=3e-3)
+
+    def evaluate(m):
+        return {"acc": _acc(m, data)}
+
+    full = tiny_model()
+    res_full = fit(full, data, cfg, seed=3, evaluate=evaluate, checkpoint_dir=tmp_path / "a")
+    part = tiny_model()
+    fit(part, data, cfg, seed=3, evaluate=evaluate, checkpoint_dir=tmp_path / "b", stop_after=1)
+    assert json.loads((tmp_path / "b" / "latest.json").read_text())["name"] == "epoch-001"
+    resumed = tiny_model(seed=9)  # different init: everything must come from the checkpoint
+    res = fit(resumed, data, cfg, seed=3, evaluate=evaluate, checkpoint_dir=tmp_path / "b",
+              resume=True)
+    assert res.resumed_from_epoch == 1
+    assert res.history == [dict(h, time_s=r["time_s"]) for h, r in
+                           zip(res_full.history, res.history, strict=True)]
+    for (k, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+    # A different configuration refuses to resume.
+    with pytest.raises(ValueError, match="different configuration"):
+        fit(tiny_model(), data, override(cfg, {"lr": 1e-2}), seed=3,
+            checkpoint_dir=tmp_path / "b", resume=True)
+
+
+def test_non_finite_loss_raises(tmp_path):
+    class NaNModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(2))
+
+        def forward(self, ids, mask):
+            return self.w * torch.full((ids.shape[0], 2), math.nan)
+
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        fit(NaNModel(), synthetic_set(), TrainConfig(epochs=1), seed=0, checkpoint_dir=tmp_path)
+    assert latest_checkpoint(tmp_path) is None
+
+
+def test_phase_a_raises_alignment_and_moves_only_omega():
+    data = synthetic_set(n=128)
+    model = tiny_model("favor", layers=2)
+    fit(model, data, TrainConfig(epochs=2, batch_size=16, lr=3e-3), seed=0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = AlignConfig(n_examples=96, holdout=32, batch_size=32, steps=15, eta=0.05,
+                      eta_end=0.01, lam=0.1)
+    records = align_features(model, data, cfg, generator=torch.Generator().manual_seed(0))
+    assert [r["layer"] for r in records] == [0, 1]
+    for r in records:
+        assert r["train_after"] > r["train_before"] + 1e-4, r
+        assert r["holdout_before"] is not None and math.isfinite(r["holdout_after"])
+    after = model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"blocks.0.attn.omega", "blocks.1.attn.omega"}
+    # Phase B: cross-entropy moves every parameter but never the particles.
+    omega = {k: after[k].clone() for k in changed}
+    params = {k: v.clone() for k, v in model.named_parameters()}
+    fit(model, data, TrainConfig(epochs=1, batch_size=16, lr=3e-3), seed=1)
+    for k in omega:
+        assert torch.equal(model.state_dict()[k], omega[k])
+    moved = [k for k, v in model.named_parameters() if not torch.equal(v, params[k])]
+    assert "blocks.0.attn.q_proj.weight" in moved and "head.weight" in moved
+    assert len(moved) >= len(params) - 2  # all but possibly untouched rows/biases
+
+
+def _args(tmp_path, **kw):
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps(TINY))
+    base = dict(data_dir=str(SAMPLES_DIR), config=str(cfg), threads=None, no_progress=True)
+    base.update({name: None for name in train_cmd.COMMON_FLAGS})
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_train_command_writes_metrics(tmp_path):
+    args = _args(tmp_path, task="sst2", attention="favor", kernel="learned", seed=0,
+                 out=str(tmp_path / "run"), resume=False)
+    assert train_cmd.run(args) == 0
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    for key in ("accuracy", "mcc", "f1", "ece", "log_loss", "brier", "robust", "timings",
+                "reliability", "alignment", "config"):
+        assert key in m, key
+    assert 0 <= m["accuracy"] <= 1 and m["n_eval"] == 48
+    assert set(m["robust"]) == {"delete@0.2", "unk@0.2", "swap@0.2", "advglue"}
+    assert m["alignment"][0]["layer"] == 0 and len(m["reliability"]["count"]) == 15
+    assert m["config"]["model"]["dim"] == 16 and m["config"]["kernel"] == "learned"
+    assert m["timings"]["phase_a_s"] > 0 and m["timings"]["inference_s_per_example"] > 0
+    # Without --resume an existing run directory is refused; with it, nothing is retrained.
+    with pytest.raises(ValueError, match="resume"):
+        train_cmd.run(args)
+    args.resume = True
+    assert train_cmd.run(args) == 0
+    m2 = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m2["accuracy"] == m["accuracy"] and m2["history"] == m["history"]
+
+
+def test_config_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"model": {"dimm": 3}}))
+    args = _args(tmp_path, config=str(bad))
+    with pytest.raises(ValueError, match="dimm"):
+        train_cmd.build_config(args, {"task": "sst2"})
+    with pytest.raises(ValueError, match="no particles"):
+        train_cmd.build_config(_args(tmp_path), {"attention": "elu", "kernel": "learned"})
+    with pytest.raises(ValueError, match="kernel"):
+        train_cmd.build_config(_args(tmp_path), {"kernel": "magic"})
+    cfg = train_cmd.build_config(_args(tmp_path, dim=24), {"attention": "softmax_feat"})
+    assert cfg.model.dim == 24 and cfg.model.tie_qk is True and cfg.data.train_limit == 96
+
+
+def test_suite_skips_finished_runs_and_report_builds(tmp_path):
+    out = tmp_path / "results"
+    args = _args(tmp_path, tasks="rotten_tomatoes", seeds="0",
+                 variants="favor-vanilla,favor-learned", out=str(out))
+    rows = suite.run_suite(args, log=lambda *a: None)
+    assert [r["status"] for r in rows] == ["done", "done"]
+    paths = [out / "rotten_tomatoes" / v / "seed0" / "metrics.json"
+             for v in ("favor-vanilla", "favor-learned")]
+    mtimes = [p.stat().st_mtime_ns for p in paths]
+    # The learned run reused the vanilla run's warm-up: identical warm-up history.
+    hv, hl = (json.loads(p.read_text())["history"]["warmup"] for p in paths)
+    assert [h["train_loss"] for h in hv] == [h["train_loss"] for h in hl]
+    rows = suite.run_suite(args, log=lambda *a: None)
+    assert all(r["status"].startswith("skipped") for r in rows)
+    assert [p.stat().st_mtime_ns for p in paths] == mtimes
+    path = report.build_report(out)
+    text = path.read_text()
+    assert "| favor-learned | 1 |" in text and "| favor | 1 |" in text
+    for name in ("reliability", "accuracy_ece", "robustness"):
+        assert (out / "plots" / f"rotten_tomatoes_{name}.png").stat().st_size > 1000
+    m, lo, hi, n = report.paired_difference([0.8, 0.9, 0.85], [0.7, 0.8, 0.8])
+    assert n == 3 and m == pytest.approx(0.0833333) and lo < m < hi
