@@ -403,7 +403,7 @@ def plot(out: str | Path) -> None:
             vmax = rho.max()
             axes[0, i].imshow(rho.T, origin="lower", extent=(-R, R, -R, R), vmin=0, vmax=vmax)
             axes[0, i].set_title(f"PDE t = {t:.3g}")
-            h, _, _ = np.histogram2d(*snap[f"particles_t{i}"].T, bins=min(32, n),
+            h, _, _ = np.histogram2d(*snap[f"particles_t{i}"].T, bins=min(16, n),
                                      range=[[-R, R], [-R, R]], density=True)
             axes[1, i].imshow(h.T, origin="lower", extent=(-R, R, -R, R), vmin=0, vmax=vmax)
             axes[1, i].set_title(f"particles N={n_max}")
