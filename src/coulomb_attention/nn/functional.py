@@ -280,41 +280,52 @@ def _chunks(n: int, size: int):
 def _key_features(k_c, w, m_c, c, kv=None):
     """Shifted key features of a chunk, ``exp(log_positive(k_c, w) - c)``: (G, c, M).
 
-    ``log_positive = k . w_m - |k|^2/2`` is evaluated as one matmul and one in-place
-    subtraction of the per-row term plus the shift; padded rows (``m_c`` False) get ``+inf``
-    subtracted, so their features are exactly 0 (never ``inf * 0``). With ``kv`` given
-    (forward), ``c`` is the running max per group ``(G, 1, 1)``: it is updated in place
-    from this chunk and ``kv`` is rescaled to the new shift (online max).
+    ``log_positive = k . w_m - |k|^2/2`` is one matmul and one in-place subtraction of the
+    per-row term; padded rows (``m_c`` False) get ``+inf`` subtracted, so their features are
+    exactly 0 (never ``inf * 0``). ``c`` ``(G, 1, M)`` is one shift per (group, feature).
+    With ``kv`` given (forward), ``c`` is the running max over the keys seen so far: it is
+    updated in place from this chunk and ``kv`` is rescaled to the new shift (online max).
     """
     a = k_c @ w.T  # (G, c, M)
     half_sq = 0.5 * (k_c * k_c).sum(-1, keepdim=True)  # (G, c, 1)
     if m_c is not None:
         half_sq = half_sq.masked_fill(~m_c.unsqueeze(-1), math.inf)
+    a.sub_(half_sq)
     if kv is not None:
-        row_max = a.amax(-1, keepdim=True) - half_sq  # (G, c, 1), -inf on padded rows
-        c_new = torch.maximum(c, row_max.amax(1, keepdim=True))  # -inf: no real key yet
-        kv.mul_(torch.exp(c - _safe(c_new)))  # c = -inf: factor 0 on a zero kv
+        c_new = torch.maximum(c, a.amax(1, keepdim=True))  # -inf: no real key yet
+        kv.mul_(torch.exp(c - _safe(c_new)).transpose(1, 2))  # c = -inf: 0 on a zero kv
         c.copy_(c_new)
-    return a.sub_(half_sq + _safe(c)).exp_()
+    return a.sub_(_safe(c)).exp_()
 
 
-def _query_features(q_c, w):
-    """Row-shifted query features of a chunk: (G, c, M).
+def _query_features(q_c, w, lse):
+    """Query features of a chunk times the key normaliser, row-shifted: (G, c, M).
 
-    ``exp(log_positive(q, w) - rowmax) = exp(q . w_m - max_m q . w_m)``: the ``-|q|^2/2`` of
-    ``log_positive`` is a per-row constant, removed exactly by the per-row shift.
+    ``exp(a_m + lse_m - max_m' (a_m' + lse_m'))`` with ``a = log_positive(q, w)`` and
+    ``lse_m = log sum_s phi_m(k_s)`` (up to a constant):
+    each row is divided by a constant (it cancels in the ratio; the ``-|q|^2/2`` of
+    ``log_positive`` is such a constant and is not computed). Multiplied by ``kv_hat`` this
+    gives the numerator and a normaliser >= 1: no overflow and no 0/0 at any norm.
     """
-    a = q_c @ w.T  # (G, c, M)
-    return a.sub_(a.amax(-1, keepdim=True)).exp_()
+    a = (q_c @ w.T).add_(lse)  # (G, c, M)
+    return a.sub_(_safe(a.amax(-1, keepdim=True))).exp_()
 
 
 class _FavorFn(torch.autograd.Function):
     """FAVOR+ attention in chunks along the sequence, with a recomputing backward.
 
     Inputs are (G, L, *) contiguous tensors with G = B * H sharing one omega ``w`` (M, d).
-    Memory is O(G (T + S) (d + e) + G M e) plus one chunk of features; the backward
-    recomputes the features chunk by chunk (derivative of ``features.log_positive``:
-    ``d/dx (x . w_m - |x|^2/2) = w_m - x``; the shifts are constants, they cancel in the ratio).
+
+    Forward: per feature m, ``lse_m = log sum_s exp(a_sm)`` with ``a = log_positive(k, w)``
+    (online max over key chunks) and ``kv_hat_m = sum_s softmax_s(a_sm) [v_s, 1]`` (weighted
+    means); per query ``p = exp(q w^T + lse - rowmax)`` (entries <= 1, the largest = 1),
+    ``n = p kv_hat``, ``out = n[:e] / n[e]`` with ``n[e] >= 1``. This equals
+    ``phi(q)^T (sum_s phi(k_s) [v_s, 1])`` up to a per-row constant that cancels in the
+    ratio, and it is finite at any norm (no overflow, no 0/0).
+
+    Backward recomputes the features chunk by chunk in the same normalised form (derivative of
+    ``features.log_positive``, ``d/dx (x . w_m - |x|^2/2) = w_m - x``; the shifts are
+    constants that cancel in the ratio). Memory: O(G (T + S) (d + e) + G M e) plus one chunk.
     """
 
     @staticmethod
@@ -322,48 +333,49 @@ class _FavorFn(torch.autograd.Function):
         G, S, e = v.shape
         M = w.shape[0]
         v1 = torch.cat([v, v.new_ones(G, S, 1)], dim=-1)  # (G, S, e+1)
-        # Keys: kv = sum_s exp(a_s - c) v1_s with c the running max per group (online rescale).
         kv = v.new_zeros(G, M, e + 1)
-        c = v.new_full((G, 1, 1), -math.inf)
+        c = v.new_full((G, 1, M), -math.inf)
         for s0, s1 in _chunks(S, chunk):
             m_c = None if key_mask is None else key_mask[:, s0:s1]
             r = _key_features(k[:, s0:s1], w, m_c, c, kv)  # (G, c, M)
             kv.baddbmm_(r.transpose(1, 2), v1[:, s0:s1])
-        c = _safe(c)
-        # Queries: n = phi(q) kv, out = n[:e] / n[e].
+        big_k = kv[..., e:]  # (G, M, 1): sum_s exp(a_sm - c_m) >= 1 unless no real key
+        lse = (_safe(c) + big_k.transpose(1, 2).log())  # (G, 1, M), -inf where no key
+        kv_hat = torch.where(big_k > 0, kv / big_k, 0.0)
         T = q.shape[1]
         out = v.new_empty(G, T, e)
-        den = v.new_empty(G, T, 1)
+        inv_den = v.new_empty(G, T, 1)
         for t0, t1 in _chunks(T, chunk):
-            p = _query_features(q[:, t0:t1], w)  # (G, c, M)
-            n = torch.bmm(p, kv)  # (G, c, e+1)
-            den_c = n[..., e:].clamp_min(_TINY)
-            torch.div(n[..., :e], den_c, out=out[:, t0:t1])
-            den[:, t0:t1] = den_c
-        ctx.save_for_backward(q, k, v1, w, key_mask, kv, c, den, out)
+            p = _query_features(q[:, t0:t1], w, lse)  # (G, c, M)
+            n = torch.bmm(p, kv_hat)  # (G, c, e+1)
+            den = n[..., e:]
+            inv = torch.where(den > 0, 1.0 / den, 0.0)  # 0: no real key at all
+            torch.mul(n[..., :e], inv, out=out[:, t0:t1])
+            inv_den[:, t0:t1] = inv
+        ctx.save_for_backward(q, k, v1, w, key_mask, kv_hat, lse, inv_den, out)
         ctx.chunk = chunk
         return out
 
     @staticmethod
     def backward(ctx, g):
-        q, k, v1, w, key_mask, kv, c, den, out = ctx.saved_tensors
+        q, k, v1, w, key_mask, kv_hat, lse, inv_den, out = ctx.saved_tensors
         chunk = ctx.chunk
         G, T, e = out.shape
         S = k.shape[1]
         need_q, need_k, need_v, need_w = ctx.needs_input_grad[:4]
         g = g.contiguous()
-        dkv = torch.zeros_like(kv)
+        dkv = torch.zeros_like(kv_hat)  # (G, M, e+1): sum_s exp(a_sm) * d loss / d kv_m
         dq = torch.empty_like(q) if need_q else None
         dw = torch.zeros_like(w) if need_w else None
         for t0, t1 in _chunks(T, chunk):
             q_c, g_c = q[:, t0:t1], g[:, t0:t1]
-            p = _query_features(q_c, w)  # (G, c, M)
+            p = _query_features(q_c, w, lse)  # (G, c, M)
             # d out / d n: numerator g/den, normaliser -(g . out)/den.
             dn = torch.cat([g_c, -(g_c * out[:, t0:t1]).sum(-1, keepdim=True)], dim=-1)
-            dn.div_(den[:, t0:t1])  # (G, c, e+1)
+            dn.mul_(inv_den[:, t0:t1])  # (G, c, e+1)
             dkv.baddbmm_(p.transpose(1, 2), dn)
             if need_q or need_w:
-                da = torch.bmm(dn, kv.transpose(1, 2)).mul_(p)  # (G, c, M)
+                da = torch.bmm(dn, kv_hat.transpose(1, 2)).mul_(p)  # (G, c, M)
                 if need_q:
                     # The -q rowsum(da) term of log_positive's derivative is exactly 0 here:
                     # a per-row factor of phi(q) cancels in the ratio.
@@ -373,12 +385,14 @@ class _FavorFn(torch.autograd.Function):
         dk = torch.empty_like(k) if need_k else None
         dv = torch.empty(G, S, e, dtype=v1.dtype, device=v1.device) if need_v else None
         if need_k or need_v or need_w:
+            # Softmax over keys per feature, exp(a_sm - lse_m); 0 where no real key.
+            shift = torch.where(torch.isfinite(lse), lse, math.inf)
             for s0, s1 in _chunks(S, chunk):
                 k_c = k[:, s0:s1]
                 m_c = None if key_mask is None else key_mask[:, s0:s1]
-                r = _key_features(k_c, w, m_c, c)  # (G, c, M)
+                r = _key_features(k_c, w, m_c, shift)  # (G, c, M)
                 if need_v:
-                    torch.bmm(r, dkv[..., :e], out=dv[:, s0:s1])
+                    dv[:, s0:s1] = torch.bmm(r, dkv[..., :e])
                 if need_k or need_w:
                     da = torch.bmm(v1[:, s0:s1], dkv.transpose(1, 2)).mul_(r)  # (G, c, M)
                     if need_k:

@@ -1,0 +1,359 @@
+"""Tests of coulomb_attention.nn attention: fast paths against naive twins, masks, numerics."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from coulomb_attention import features
+from coulomb_attention.nn import ATTENTION_FEATURES, KernelAttention
+from coulomb_attention.nn import functional as AF
+from helpers import rel_err
+
+MAPS = tuple(ATTENTION_FEATURES)
+RANDOM_MAPS = ("favor", "porf_softplus", "softmax_feat")
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _qkv(B=2, H=3, T=11, S=13, d=8, e=5, seed=0, dtype=torch.float64, scale=1.0):
+    g = _gen(seed)
+    q = (scale * torch.randn(B, H, T, d, generator=g, dtype=dtype)).requires_grad_()
+    k = (scale * torch.randn(B, H, S, d, generator=g, dtype=dtype)).requires_grad_()
+    v = torch.randn(B, H, S, e, generator=g, dtype=dtype).requires_grad_()
+    return q, k, v
+
+
+def _mask(B, S, lengths):
+    m = torch.zeros(B, S, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        m[i, :n] = True
+    return m
+
+
+def _grads(out, inputs, seed=1):
+    w = torch.randn(out.shape, generator=_gen(seed), dtype=out.dtype)
+    return torch.autograd.grad((out * w).sum(), inputs, retain_graph=True)
+
+
+def _reference_forward(m: KernelAttention, x, mask):
+    """The module's forward rebuilt from naive quadratic ops and the core feature maps."""
+    q, k = m.queries(x), m.keys(x)
+    v = m._split(m.v_proj(x))
+    if m.feature_map == "softmax":
+        o = AF.softmax_attention(q, k, v, mask)
+    elif m.feature_map == "favor":
+        o = AF.naive_favor_attention(q, k, v, m.omega, mask)
+    else:  # unshifted core maps: the shift is only needed for exp features
+        om = m.omega
+        if om.shape[0] == 1 or m.feature_map == "elu":
+            pq, pk = m.feature(q, om[0]), m.feature(k, om[0])
+        else:
+            pq = torch.stack([m.feature(q[:, h], om[h]) for h in range(m.heads)], 1)
+            pk = torch.stack([m.feature(k[:, h], om[h]) for h in range(m.heads)], 1)
+        o = AF.naive_linear_attention(pq, pk, v, mask)
+    B, T, D = x.shape
+    return m.out_proj(o.transpose(1, 2).reshape(B, T, D))
+
+
+# ----------------------------------------------------------------------------- functional
+
+
+def test_linear_attention_matches_naive_outputs_and_grads():
+    q, k, v = _qkv()
+    mask = _mask(2, 13, [13, 6])
+    pq, pk = q.exp(), (k - 1).exp()  # positive features with M = d = 8
+    fast = AF.linear_attention(pq, pk, v, mask)
+    slow = AF.naive_linear_attention(pq, pk, v, mask)
+    assert fast.shape == (2, 3, 11, 5)
+    assert rel_err(fast, slow) < 1e-12
+    for a, b in zip(_grads(fast, (q, k, v)), _grads(slow, (q, k, v)), strict=True):
+        assert rel_err(a, b) < 1e-10
+    # The mask matters: without it the second sequence sees its padded keys.
+    assert rel_err(AF.linear_attention(pq, pk, v), fast) > 1e-3
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_fused_favor_matches_naive(groups, chunk):
+    q, k, v = _qkv(seed=groups + chunk)
+    omega = torch.randn(groups, 16, 8, generator=_gen(5), dtype=torch.float64)
+    omega.requires_grad_()
+    mask = _mask(2, 13, [13, 5])
+    fast = AF.favor_attention(q, k, v, omega, mask, chunk_size=chunk)
+    slow = AF.naive_favor_attention(q, k, v, omega, mask)
+    assert rel_err(fast, slow) < 1e-12
+    ga, gb = _grads(fast, (q, k, v, omega)), _grads(slow, (q, k, v, omega))
+    for a, b in zip(ga, gb, strict=True):
+        assert rel_err(a, b) < 1e-10
+
+
+def test_fused_favor_gradcheck():
+    q, k, v = _qkv(B=1, H=2, T=4, S=5, d=3, e=2)
+    omega = torch.randn(1, 4, 3, generator=_gen(2), dtype=torch.float64, requires_grad=True)
+    mask = _mask(1, 5, [4])
+    assert torch.autograd.gradcheck(
+        lambda *t: AF.favor_attention(*t, mask, chunk_size=2), (q, k, v, omega)
+    )
+
+
+def test_softmax_attention_reference_matches_sdpa():
+    q, k, v = _qkv()
+    mask = _mask(2, 13, [13, 7])
+    ref = AF.softmax_attention(q, k, v, mask, scale=0.5)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask[:, None, None, :], scale=0.5
+    )
+    assert rel_err(ref, sdpa) < 1e-12
+
+
+def test_favor_approximates_softmax_better_with_more_features():
+    """Monte-Carlo error of FAVOR+ decays with M (~ M^-1/2; 16 -> 1024 features is 8x).
+
+    Moderate norms (|q|, |k| ~ 1): the estimator's variance grows like exp(|q + k|^2).
+    """
+    d = 16
+    q, k, v = _qkv(B=1, H=2, T=32, S=32, d=d, e=8, seed=3, scale=d**-0.5)
+    exact = AF.softmax_attention(q, k, v)
+    sizes = (16, 64, 256, 1024)
+    errs = []
+    for M in sizes:
+        e = [
+            rel_err(AF.favor_attention(q, k, v, features.orthogonal(
+                M, d, generator=_gen(100 + s), dtype=torch.float64)[None]), exact)
+            for s in range(6)
+        ]
+        errs.append(sum(e) / len(e))
+    assert all(a > b for a, b in zip(errs[:-1], errs[1:], strict=True)), errs
+    assert errs[-1] < errs[0] / 3, errs
+    assert errs[-1] < 0.1, errs
+
+
+def _favor_log_domain(q, k, v, omega, mask):
+    """FAVOR+ attention with weights exp(logsumexp_m(a_tm + a_sm)) in float64: any norm."""
+    q, k, v, om = (t.detach().double() for t in (q, k, v, omega))
+    aq = features.log_positive(q, om[0])  # (B, H, T, M)
+    ak = features.log_positive(k, om[0])  # (B, H, S, M)
+    logw = torch.logsumexp(aq[..., :, None, :] + ak[..., None, :, :], dim=-1)  # (B, H, T, S)
+    logw = logw.masked_fill(~mask[:, None, None, :], -math.inf)
+    return torch.softmax(logw, dim=-1) @ v
+
+
+def test_large_norms_do_not_overflow():
+    q, k, v = _qkv(scale=30.0, dtype=torch.float32)
+    omega = features.orthogonal(64, 8, generator=_gen(1))[None]
+    mask = _mask(2, 13, [13, 4])
+    # Without a shift whole rows of features underflow to 0 (attention 0/0); with the
+    # shifts the attention is finite.
+    assert (features.positive(q.detach(), omega[0]) == 0).all(-1).any()
+    out = AF.favor_attention(q, k, v, omega, mask)
+    assert torch.isfinite(out).all()
+    grads = _grads(out, (q, k, v))
+    assert all(torch.isfinite(gr).all() for gr in grads)
+    # Exact at any norm: per-feature logsumexp over keys (float32 vs a float64 log-domain oracle).
+    assert rel_err(out, _favor_log_domain(q, k, v, omega, mask)) < 1e-4
+    for dt in (torch.bfloat16, torch.float16):
+        o = AF.favor_attention(q.to(dt), k.to(dt), v.to(dt), omega, mask)
+        assert o.dtype == dt and torch.isfinite(o).all()
+
+
+def test_keys_without_any_real_token_give_zero_not_nan():
+    q, k, v = _qkv(dtype=torch.float32)
+    omega = torch.randn(1, 8, 8, generator=_gen(1))
+    mask = _mask(2, 13, [13, 0])
+    for out in (AF.favor_attention(q, k, v, omega, mask),
+                AF.softmax_attention(q, k, v, mask),
+                AF.linear_attention(q.exp(), k.exp(), v, mask)):
+        assert torch.isfinite(out).all()
+        assert out[1].abs().max() == 0
+        assert out[0].abs().max() > 0
+
+
+def test_functional_bad_inputs():
+    q, k, v = _qkv(dtype=torch.float32)
+    omega = torch.randn(1, 8, 8)
+    with pytest.raises(ValueError, match="shape"):
+        AF.favor_attention(q[0], k, v, omega)
+    with pytest.raises(ValueError, match="omega"):
+        AF.favor_attention(q, k, v, torch.randn(2, 8, 8))
+    with pytest.raises(ValueError, match="mask"):
+        AF.favor_attention(q, k, v, omega, torch.ones(2, 12, dtype=torch.bool))
+    with pytest.raises(TypeError, match="bool"):
+        AF.linear_attention(q.exp(), k.exp(), v, torch.ones(2, 13))
+    with pytest.raises(ValueError, match="chunk_size"):
+        AF.favor_attention(q, k, v, omega, chunk_size=0)
+
+
+# ----------------------------------------------------------------------------- module
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("name", MAPS)
+def test_module_matches_naive_reference(name, share):
+    torch.manual_seed(0)  # projection init only; omega comes from the generator
+    m = KernelAttention(24, 3, name, n_features=16, share_features=share, generator=7).double()
+    x = torch.randn(2, 9, 24, generator=_gen(3), dtype=torch.float64, requires_grad=True)
+    mask = _mask(2, 9, [9, 5])
+    fast = m(x, mask)
+    slow = _reference_forward(m, x, mask)
+    assert fast.shape == (2, 9, 24)
+    assert rel_err(fast[mask], slow[mask]) < 1e-10
+    params = [x] + [p for p in m.parameters()]
+    gf = _grads(fast * mask[..., None], params)
+    gs = _grads(slow * mask[..., None], params)
+    # (absolute floor: softmax's key-bias gradient is exactly 0)
+    for a, b in zip(gf, gs, strict=True):
+        assert (a - b).norm() <= 1e-9 * (b.norm() + 1e-6)
+
+
+@pytest.mark.parametrize("name", MAPS)
+def test_padded_batch_equals_each_sequence_alone(name):
+    m = KernelAttention(16, 2, name, n_features=32, generator=1)
+    lengths = [7, 3, 1]
+    x = torch.randn(3, 7, 16, generator=_gen(2))
+    mask = _mask(3, 7, lengths)
+    x = torch.where(mask[..., None], x, torch.full_like(x, 50.0))  # loud padding
+    out = m(x, mask)
+    for i, n in enumerate(lengths):
+        alone = m(x[i : i + 1, :n])
+        assert rel_err(out[i, :n], alone[0]) < 1e-5, (name, i)
+
+
+def test_module_feature_is_the_core_map_and_queries_are_scaled():
+    m = KernelAttention(32, 4, "favor", n_features=8, generator=0)
+    x = torch.randn(2, 5, 32, generator=_gen(1))
+    q = m.queries(x)
+    assert q.shape == (2, 4, 5, 8)
+    expected = m.q_proj(x).view(2, 5, 4, 8).transpose(1, 2) * 8**-0.25
+    assert torch.allclose(q, expected)
+    u = torch.randn(3, 8, generator=_gen(2))
+    assert torch.equal(m.feature(u, m.omega[0]), features.positive(u, m.omega[0]))
+    assert m.has_features
+    assert not KernelAttention(32, 4, "elu").has_features
+    with pytest.raises(ValueError, match="no feature map"):
+        KernelAttention(32, 4, "softmax").feature(u, m.omega[0])
+
+
+def test_tie_qk_shares_the_projection():
+    m = KernelAttention(16, 2, "softmax_feat", tie_qk=True, generator=0)
+    assert m.k_proj is m.q_proj
+    n_tied = sum(p.numel() for p in m.parameters())
+    n_free = sum(p.numel() for p in KernelAttention(16, 2, "softmax_feat").parameters())
+    assert n_free - n_tied == 16 * 16 + 16
+    x = torch.randn(1, 6, 16, generator=_gen(1))
+    phi = m.feature(m.queries(x), m.omega[0])[0, 0]
+    kernel = phi @ phi.T  # symmetric PSD token kernel
+    assert torch.allclose(kernel, kernel.T)
+    assert torch.linalg.eigvalsh(kernel.double()).min() > -1e-6
+
+
+def test_omega_is_a_saved_buffer_changed_only_explicitly():
+    m = KernelAttention(16, 2, "favor", n_features=8, generator=0)
+    assert "omega" in m.state_dict() and "omega" not in dict(m.named_parameters())
+    before = m.omega.clone()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(2, 5, 16, generator=_gen(1))
+    for mode in (m.train, m.eval):
+        mode()
+        m(x).square().sum().backward()
+        opt.step()
+    assert torch.equal(m.omega, before)
+    # Same seed -> same omega; redraw changes it; load_features_ sets it.
+    assert torch.equal(KernelAttention(16, 2, "favor", n_features=8, generator=0).omega, before)
+    m.redraw_(torch.Generator().manual_seed(9))
+    assert not torch.equal(m.omega, before)
+    new = torch.randn(8, 8, generator=_gen(4))
+    m.load_features_(new)
+    assert torch.equal(m.omega[0], new)
+    # state_dict round trip reproduces the outputs exactly.
+    m2 = KernelAttention(16, 2, "favor", n_features=8, generator=123)
+    m2.load_state_dict(m.state_dict())
+    m.eval()
+    m2.eval()
+    assert torch.equal(m(x), m2(x))
+    with pytest.raises(ValueError, match="shape"):
+        m.load_features_(torch.randn(7, 8))
+    with pytest.raises(ValueError, match="no particles"):
+        KernelAttention(16, 2, "elu").redraw_(0)
+
+
+def test_per_head_omega_draws_are_independent():
+    m = KernelAttention(16, 4, "porf_softplus", n_features=8, share_features=False, generator=0)
+    assert m.omega.shape == (4, 8, 4)
+    assert not torch.equal(m.omega[0], m.omega[1])
+    assert KernelAttention(16, 4, "elu").omega.shape == (1, 0, 4)
+
+
+@pytest.mark.parametrize("name", MAPS)
+def test_autocast_bf16_is_close_to_float32_and_finite(name):
+    m = KernelAttention(32, 4, name, n_features=32, generator=0)
+    x = torch.randn(2, 12, 32, generator=_gen(1))
+    mask = _mask(2, 12, [12, 8])
+    ref = m(x, mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = m(x, mask)
+        big = m(40.0 * x, mask)  # large norms: logits of hundreds
+    assert low.dtype == torch.bfloat16
+    assert rel_err(low.float()[mask], ref[mask]) < 0.05
+    assert torch.isfinite(big.float()).all()
+
+
+def test_module_large_norm_inputs_stay_finite_fp16_and_fp32():
+    m = KernelAttention(32, 4, "favor", n_features=64, generator=0)
+    x = (40.0 * torch.randn(2, 12, 32, generator=_gen(1))).requires_grad_()
+    out = m(x)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    mh = KernelAttention(32, 4, "favor", n_features=64, generator=0).half()
+    assert torch.isfinite(mh(x.detach().half())).all()
+
+
+def test_module_bad_inputs():
+    with pytest.raises(ValueError, match="divisible"):
+        KernelAttention(10, 3)
+    with pytest.raises(ValueError, match="favor, porf_softplus"):
+        KernelAttention(16, 2, "performer")
+    with pytest.raises(ValueError, match="n_features"):
+        KernelAttention(16, 2, n_features=0)
+    with pytest.raises(ValueError, match="n_features"):
+        KernelAttention(16, 2, n_features=-3)
+    with pytest.raises(TypeError, match="n_features"):
+        KernelAttention(16, 2, n_features="64")
+    with pytest.raises(ValueError, match="dropout"):
+        KernelAttention(16, 2, dropout=1.5)
+    m = KernelAttention(16, 2, generator=0)
+    with pytest.raises(ValueError, match=r"\(B, T, 16\)"):
+        m(torch.randn(2, 5, 15))
+    with pytest.raises(ValueError, match=r"\(B, T, 16\)"):
+        m(torch.randn(5, 16))
+    with pytest.raises(ValueError, match="mask"):
+        m(torch.randn(2, 5, 16), torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="bool"):
+        m(torch.randn(2, 5, 16), torch.ones(2, 5))
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+
+def test_bench_attention_tiny_grid(tmp_path):
+    from coulomb_attention.cli import main
+
+    out = tmp_path / "bench"
+    rc = main(["bench", "attention", "--lengths", "64,128", "--features", "16", "--repeats",
+               "1", "--threads", "1", "--no-performer", "--out", str(out)])
+    assert rc == 0
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    methods = {r["method"] for r in rows}
+    assert {"favor_fused", "sdpa"} <= methods
+    for r in rows:
+        assert r["fwd_s"] > 0 and r["fwdbwd_s"] > 0 and math.isfinite(r["gflops_fwd"])
+    assert (out / "results.csv").exists() and (out / "table.md").exists()
+    assert (out / "bench_attention.png").stat().st_size > 1000
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["matmul_peak_gflops"] > 0
+    assert main(["bench", "attention", "--lengths", "0", "--out", str(out)]) == 2
