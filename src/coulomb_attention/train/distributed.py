@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -462,10 +463,13 @@ class DistributedRuntime(Runtime):
         if self.world_size == 1:
             return model
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(
-            model, device_ids=device_ids, broadcast_buffers=False,
-            find_unused_parameters=self.find_unused_parameters,
-        )
+        ddp = nn.parallel.DistributedDataParallel
+        # no buffer broadcast at every forward (torch >= 2.13 renames the flag)
+        no_sync = ({"forward_sync_buffers": False}
+                   if "forward_sync_buffers" in inspect.signature(ddp.__init__).parameters
+                   else {"broadcast_buffers": False})
+        return ddp(model, device_ids=device_ids,
+                   find_unused_parameters=self.find_unused_parameters, **no_sync)
 
     def sampler(self, dataset: Dataset, generator: torch.Generator, epoch: int,
                 order: Sampler | None = None) -> Sampler:
