@@ -90,8 +90,10 @@ def run_phase_b(runtime, global_batch: int, epochs: int = 2, checkpoint_dir=None
     cfg = ModelConfig(vocab_size=40, dim=16, layers=1, heads=2, mlp_dim=32, max_len=8,
                       n_features=8, dropout=0.0)
     model = TransformerClassifier(cfg, generator=torch.Generator().manual_seed(5))
+    # no length grouping: it groups each process's share (see docs/distributed.md)
+    extra = {"length_grouping": 0} if "length_grouping" in TrainConfig.__dataclass_fields__ else {}
     tcfg = TrainConfig(epochs=epochs, batch_size=global_batch // runtime.world_size, lr=1e-2,
-                       grad_clip=1.0, schedule=schedule, length_grouping=0,
+                       grad_clip=1.0, schedule=schedule, **extra,
                        warmup_fraction=0.0 if schedule == "constant" else 0.2)
     result = fit(model, EncodedDataset(ids, mask, labels), tcfg, seed=11, runtime=runtime,
                  checkpoint_dir=checkpoint_dir, resume=resume, stop_after=stop_after,
