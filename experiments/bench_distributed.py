@@ -17,6 +17,11 @@ with one thread each) and times, on rank 0, after a warm-up:
 * ``phase_b``        one epoch of :func:`coulomb_attention.train.loop.fit` (DDP + sharded
   sampler) on synthetic token data.
 
+Besides the wall time on rank 0, every rank's CPU time (``time.process_time``) is recorded:
+``CPU(1x1) / max over ranks CPU(Kx1)`` is the speed-up the critical path allows, which is
+what the wall clock shows on an otherwise idle machine with K free cores (it ignores time
+spent waiting for a peer and memory-bandwidth contention).
+
 The total work is the same for every K: K processes each get 1/K of the examples and a
 per-process batch of ``B / K``, so each step covers the same global batch. Rank 0 also
 records a checksum of the result (final particles, final loss) so the K-process run can be
@@ -41,6 +46,30 @@ import torch
 # ----------------------------------------------------------------------------- workloads
 
 
+class _Timer:
+    """Wall time on rank 0 and the CPU time (``time.process_time``) of every rank."""
+
+    def __init__(self, rt) -> None:
+        self.rt = rt
+
+    def __enter__(self):
+        self.rt.barrier()
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        cpu = time.process_time() - self.c0
+        self.rt.barrier()
+        self.wall = time.perf_counter() - self.t0
+        per_rank = torch.zeros(self.rt.world_size, dtype=torch.float64)
+        per_rank[self.rt.rank] = cpu
+        (per_rank,) = self.rt.all_reduce_sum([per_rank])
+        self.cpu = per_rank.tolist()
+
+    def row(self) -> dict:
+        return {"time_s": self.wall, "cpu_s_per_rank": self.cpu}
+
+
 def _phase_a_core(rt, args) -> dict:
     from coulomb_attention import dynamics as D
     from coulomb_attention import energy as E
@@ -63,14 +92,10 @@ def _phase_a_core(rt, args) -> dict:
                                       beta=1e4)
     state = init(omega0, torch.Generator().manual_seed(rt.shared_seed(7)))
     state, _ = D.run(state, step, 2)  # warm-up
-    rt.barrier()
-    t0 = time.perf_counter()
-    state, trace = D.run(state, step, args.a_steps)
-    rt.barrier()
-    dt = time.perf_counter() - t0
-    return {"time_s": dt, "per_step_s": dt / args.a_steps, "steps": args.a_steps,
-            "n": n, "N": m, "checksum": float(state.omega.double().sum()),
-            "energy_last": trace[-1]["energy"]}
+    with _Timer(rt) as timer:
+        state, trace = D.run(state, step, args.a_steps)
+    return {**timer.row(), "steps": args.a_steps, "n": n, "N": m,
+            "checksum": float(state.omega.double().sum()), "energy_last": trace[-1]["energy"]}
 
 
 def _model_and_data(args, n: int):
@@ -99,14 +124,11 @@ def _phase_a_model(rt, args) -> dict:
     local = shard(data, rt.rank, rt.world_size, strided=True, equal=True)
     cfg = AlignConfig(n_examples=args.am_examples // rt.world_size, holdout=0,
                       batch_size=args.am_batch // rt.world_size, steps=args.am_steps)
-    rt.barrier()
-    t0 = time.perf_counter()
-    records = align_features(model, local, cfg, generator=torch.Generator().manual_seed(3),
-                             reduce=rt.reduce)
-    rt.barrier()
-    dt = time.perf_counter() - t0
+    with _Timer(rt) as timer:
+        records = align_features(model, local, cfg, generator=torch.Generator().manual_seed(3),
+                                 reduce=rt.reduce)
     omega = torch.cat([layer.omega.flatten() for layer in model.attention_layers])
-    return {"time_s": dt, "steps": args.am_steps, "layers": len(records),
+    return {**timer.row(), "steps": args.am_steps, "layers": len(records),
             "n": args.am_examples, "batch": args.am_batch,
             "checksum": float(omega.double().sum()),
             "alignment_after": [r["train_after"] for r in records]}
@@ -121,15 +143,12 @@ def _phase_b(rt, args) -> dict:
     # warm-up step (DDP construction, allocator) outside the timed epoch
     warm, warm_data = _model_and_data(args, 4 * args.b_batch)
     fit(warm, warm_data, cfg, seed=0, runtime=rt)
-    rt.barrier()
-    t0 = time.perf_counter()
-    res = fit(model, data, cfg, seed=0, runtime=rt)
-    rt.barrier()
-    dt = time.perf_counter() - t0
-    return {"time_s": dt, "n": args.b_examples, "batch": args.b_batch,
+    with _Timer(rt) as timer:
+        res = fit(model, data, cfg, seed=0, runtime=rt)
+    return {**timer.row(), "n": args.b_examples, "batch": args.b_batch,
             "steps": -(-args.b_examples // args.b_batch),
             "train_loss": res.history[-1]["train_loss"],
-            "checksum": float(sum(p.double().sum() for p in model.parameters()))}
+            "checksum": float(sum(p.detach().double().sum() for p in model.parameters()))}
 
 
 WORKLOADS = {"phase_a_core": _phase_a_core, "phase_a_model": _phase_a_model,
@@ -173,16 +192,22 @@ def launch(args, argv_rest: list[str]) -> None:
         print(f"== {procs} process(es) x {threads} thread(s): {' '.join(cmd[1:])}", flush=True)
         subprocess.run(cmd, env=env, check=True, timeout=args.timeout)
     rows = [json.loads(line) for line in result.read_text().splitlines()]
-    lines = ["| workload | processes x threads | time (s) | speed-up vs 1x1 | speed-up vs 1x2 "
-             "| checksum | load (1 min) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| workload | processes x threads | wall (s) | wall speed-up vs 1x1 | vs 1x2 "
+             "| CPU s per rank | CPU-time speed-up vs 1x1 | checksum | load (1 min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name in WORKLOADS:
         sel = [r for r in rows if r["workload"] == name]
-        base = {(r["processes"], r["threads"]): r["time_s"] for r in sel}
+        base = {(r["processes"], r["threads"]): r for r in sel}
+        nan = {"time_s": float("nan"), "cpu_s_per_rank": [float("nan")]}
         for r in sel:
-            s11 = base.get((1, 1), float("nan")) / r["time_s"]
-            s12 = base.get((1, 2), float("nan")) / r["time_s"]
+            s11 = base.get((1, 1), nan)["time_s"] / r["time_s"]
+            s12 = base.get((1, 2), nan)["time_s"] / r["time_s"]
+            # critical-path CPU time: what the wall speed-up would be without other load
+            c11 = (base.get((1, 1), nan)["cpu_s_per_rank"][0] / max(r["cpu_s_per_rank"])
+                   if r["threads"] == 1 else float("nan"))
+            cpu = "/".join(f"{c:.2f}" for c in r["cpu_s_per_rank"])
             lines.append(f"| {name} | {r['processes']}x{r['threads']} | {r['time_s']:.2f} | "
-                         f"{s11:.2f} | {s12:.2f} | {r['checksum']:.6g} | "
+                         f"{s11:.2f} | {s12:.2f} | {cpu} | {c11:.2f} | {r['checksum']:.6g} | "
                          f"{r['load_1min_before']:.1f} -> {r['load_1min_after']:.1f} |")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
