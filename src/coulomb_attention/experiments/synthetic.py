@@ -851,7 +851,9 @@ def plot_particles(npz_path: Path, path: Path) -> None:
         ax.scatter(np.r_[f[:, 0], -f[:, 0]], np.r_[f[:, 1], -f[:, 1]], marker="*", s=160,
                    color="k", label="ground truth +-f_k")
         hit = spectral_hit_fraction(w, z["frequencies"])
-        ax.set_title(f"{title} (N={int(z['budget'])}); near +-f_k: {hit:.0%}", fontsize=9)
+        inf = float((w[:, :2] ** 2).sum() / (w**2).sum())
+        ax.set_title(f"{title} (N={int(z['budget'])})\nnear +-f_k: {hit:.0%}; "
+                     f"|omega|^2 on informative dims: {inf:.0%}", fontsize=9)
         ax.set_xlim(-lim, lim)
         ax.set_ylim(-lim, lim)
         ax.set_aspect("equal")
@@ -892,6 +894,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-train", type=int, help="training examples per task")
     parser.add_argument("--n-test", type=int, help="test examples per task")
     parser.add_argument("--particle-steps", type=int, help="override ParticleFeatures n_steps")
+    parser.add_argument("--particle-lam", type=float,
+                        help="override ParticleFeatures lam of the 'particles' method")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--resume", action="store_true", help="continue results.jsonl")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -928,8 +932,13 @@ def resolve_config(args: argparse.Namespace) -> SyntheticConfig:
         if args.seeds < 1:
             raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
         changes["seeds"] = list(range(args.seeds))
+    particles = dict(cfg.particles)
     if args.particle_steps is not None:
-        changes["particles"] = {**cfg.particles, "n_steps": args.particle_steps}
+        particles["n_steps"] = args.particle_steps
+    if args.particle_lam is not None:
+        particles["lam"] = args.particle_lam
+    if particles != cfg.particles:
+        changes["particles"] = particles
     return override(cfg, changes) if changes else cfg
 
 
