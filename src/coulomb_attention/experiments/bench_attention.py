@@ -1,0 +1,460 @@
+"""``coulomb-attention bench attention``: time, memory and GFLOP/s of attention versus L.
+
+Compares, in one run and interleaved (so load changes hit every method alike):
+
+- ``favor_fused``: :func:`coulomb_attention.nn.functional.favor_attention` (this package),
+- ``performer``: ``performer_pytorch.FastAttention`` (optional dependency, same n_features),
+- ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` (exact softmax).
+
+Shapes: B = 1, H = 4, head dim 64 (``--heads``, ``--head-dim``). For every L and method it
+reports the median over ``--repeats`` of the forward time and the forward+backward time
+(gradients of q, k, v), the peak memory of one forward+backward, and the achieved GFLOP/s
+against this machine's float32 matmul peak, measured in the same run.
+
+FLOP model (counted the same way for every linear method, multiply-add = 2 FLOPs):
+forward ``2 B H [(T + S) M d + (T + S) M (e + 1)]`` (features, key-value product, output
+with normaliser), softmax ``2 B H T S (d + e)``; forward+backward = 3 x forward.
+
+Peak memory: the rise of the process's peak resident set size (``VmHWM``, reset through
+``/proc/self/clear_refs``) during the first (warm-up) forward+backward call, above the
+resident size before it; it counts every allocation of that call, inputs excluded (torch's
+CPU allocator keeps no statistics). On glibc the benchmark fixes the mmap threshold at 64 KiB
+so that freed tensors leave the resident set at once.
+Where ``/proc`` is not available it is reported as NaN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..nn.functional import favor_attention
+
+QUICK = {"lengths": [128, 512, 2048], "features": [64], "repeats": 2}
+
+
+def _positive_ints(name: str, text: str) -> list[int]:
+    try:
+        vals = [int(t) for t in str(text).split(",") if t.strip()]
+    except ValueError as exc:
+        raise ValueError(f"{name} must be comma-separated positive integers, got {text!r}") from exc
+    if not vals or any(v <= 0 for v in vals):
+        raise ValueError(f"{name} must be comma-separated positive integers, got {text!r}")
+    return vals
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lengths", default="128,256,512,1024,2048,4096,8192,16384",
+                        help="sequence lengths L (comma-separated)")
+    parser.add_argument("--features", default="64,128,256",
+                        help="numbers of random features M (comma-separated)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median)")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--budget", type=float, default=20.0,
+                        help="seconds: a method whose warm-up call takes longer is timed once")
+    parser.add_argument("--no-performer", action="store_true",
+                        help="leave performer-pytorch out even if it is installed")
+    parser.add_argument("--quick", action="store_true",
+                        help="small grid (L=128,512,2048; M=64; 2 repeats), well under a minute")
+    parser.add_argument("--out", default="runs/bench_attention", help="output directory")
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def _proc_status() -> dict[str, int] | None:
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    out = {}
+    for key in ("VmHWM", "VmRSS"):
+        m = re.search(rf"{key}:\s+(\d+)\s*kB", text)
+        if m is None:
+            return None
+        out[key] = int(m.group(1)) * 1024
+    return out
+
+
+def _peak_bytes(fn) -> float:
+    """Rise of the peak RSS during ``fn()`` above the RSS before it (NaN if unavailable)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    except OSError:
+        fn()
+        return math.nan
+    before = _proc_status()
+    fn()
+    after = _proc_status()
+    if before is None or after is None:
+        return math.nan
+    return float(max(0, after["VmHWM"] - before["VmRSS"]))
+
+
+def _return_freed_memory() -> bool:
+    """glibc: serve every allocation >= 64 KiB by mmap (fixed threshold), so freed tensors
+    leave the resident set at once and the peak RSS tracks live memory. False elsewhere."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 16)) and bool(
+            libc.mallopt(M_TRIM_THRESHOLD, 1 << 16))
+    except (OSError, AttributeError):
+        return False
+
+
+def matmul_peak_gflops(n: int = 1024, repeats: int = 10) -> dict[str, float]:
+    """float32 ``(n, n) @ (n, n)`` throughput: best and median over ``repeats`` (GFLOP/s)."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g)
+    b = torch.randn(n, n, generator=g)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    flops = 2.0 * n**3
+    return {"best": flops / min(times) / 1e9, "median": flops / statistics.median(times) / 1e9}
+
+
+def linear_flops(B: int, H: int, T: int, S: int, M: int, d: int, e: int) -> float:
+    """Forward FLOPs of linear attention with M features (see module docstring)."""
+    return 2.0 * B * H * ((T + S) * M * d + (T + S) * M * (e + 1))
+
+
+def softmax_flops(B: int, H: int, T: int, S: int, d: int, e: int) -> float:
+    """Forward FLOPs of exact softmax attention."""
+    return 2.0 * B * H * T * S * (d + e)
+
+
+def _load_performer(no_performer: bool):
+    if no_performer:
+        print("performer-pytorch: left out (--no-performer)")
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from performer_pytorch import FastAttention
+    except Exception as exc:  # optional dependency: any import failure means "skip"
+        print(f"performer-pytorch not available ({type(exc).__name__}: {exc}); skipping its "
+              "rows. Install with: pip install performer-pytorch")
+        return None
+    return FastAttention
+
+
+def _methods(features: list[int], d: int, FastAttention, gen: torch.Generator):
+    """name -> (M or None, fn(q, k, v) -> out) with q, k, v (B, H, L, d) unscaled."""
+    from ..features import orthogonal
+
+    scale = d**-0.25
+    methods = {}
+    for M in features:
+        omega = orthogonal(M, d, generator=gen)[None]  # (1, M, d)
+        methods[f"favor_fused/M={M}"] = (
+            M, lambda q, k, v, om=omega: favor_attention(q * scale, k * scale, v, om))
+        if FastAttention is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fa = FastAttention(d, nb_features=M)  # scales by d**-0.25 itself
+            fa.projection_matrix.copy_(omega[0])
+            methods[f"performer/M={M}"] = (M, lambda q, k, v, fa=fa: fa(q, k, v))
+    methods["sdpa"] = (None, lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(
+        q, k, v))
+    return methods
+
+
+def _forward(fn, q, k, v):
+    def call():
+        with torch.no_grad():
+            fn(q, k, v)
+
+    return call
+
+
+def _forward_backward(fn, q, k, v):
+    def call():
+        out = fn(q, k, v)
+        out.backward(torch.ones_like(out))
+        q.grad = k.grad = v.grad = None
+
+    return call
+
+
+def _time_all(calls: dict, repeats: int, budget: float) -> tuple[dict, dict]:
+    """Interleaved timing: one warm-up call each (its peak memory is recorded), then
+    ``repeats`` rounds over all calls; a call whose warm-up exceeds ``budget`` s runs once."""
+    times: dict = {}
+    mems: dict = {}
+    n_rep = {}
+    for name, fn in calls.items():
+        t = time.perf_counter()
+        mems[name] = _peak_bytes(fn)
+        first = time.perf_counter() - t
+        n_rep[name] = 1 if first > budget else repeats
+        times[name] = []
+    for r in range(repeats):
+        for name, fn in calls.items():
+            if r >= n_rep[name]:
+                continue
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return times, mems
+
+
+# --------------------------------------------------------------------------- run
+
+
+def run(args: argparse.Namespace) -> int:
+    lengths = _positive_ints("lengths", args.lengths)
+    feats = _positive_ints("features", args.features)
+    repeats, threads = args.repeats, args.threads
+    if args.quick:
+        lengths, feats, repeats = QUICK["lengths"], QUICK["features"], QUICK["repeats"]
+    for name in ("repeats", "threads", "heads", "head_dim", "batch"):
+        val = repeats if name == "repeats" else getattr(args, name)
+        if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {val}")
+    if not args.budget > 0:
+        raise ValueError(f"--budget must be positive, got {args.budget}")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    torch.set_num_threads(threads)
+    exact_rss = _return_freed_memory()
+    B, H, d = args.batch, args.heads, args.head_dim
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    peak0 = matmul_peak_gflops()
+    FastAttention = _load_performer(args.no_performer)
+    gen = torch.Generator().manual_seed(0)
+    methods = _methods(feats, d, FastAttention, gen)
+    print(f"threads={threads} B={B} H={H} d={d} lengths={lengths} features={feats} "
+          f"repeats={repeats}; matmul peak {peak0['best']:.1f} GFLOP/s (best of 10, "
+          f"load average {load_start[0]:.1f})", flush=True)
+
+    # Global warm-up (thread pools, first allocations) so the first L is not charged for it.
+    w = [torch.randn(B, H, min(lengths), d, generator=gen).requires_grad_() for _ in range(3)]
+    for _, fn in methods.values():
+        _forward_backward(fn, *w)()
+    rows = []
+    t_start = time.perf_counter()
+    for L in lengths:
+        q, k, v = (torch.randn(B, H, L, d, generator=gen).requires_grad_() for _ in range(3))
+
+        calls = {}
+        for name, (_, fn) in methods.items():
+            calls[(name, "fwd")] = _forward(fn, q, k, v)
+            calls[(name, "fwdbwd")] = _forward_backward(fn, q, k, v)
+        times, mems = _time_all(calls, repeats, args.budget)
+        for name, (M, _) in methods.items():
+            mem = mems[(name, "fwdbwd")]
+            f_fwd = (softmax_flops(B, H, L, L, d, d) if M is None
+                     else linear_flops(B, H, L, L, M, d, d))
+            t_f = statistics.median(times[(name, "fwd")])
+            t_fb = statistics.median(times[(name, "fwdbwd")])
+            row = {
+                "method": name.split("/")[0], "n_features": M, "L": L, "B": B, "H": H, "d": d,
+                "threads": threads, "repeats": len(times[(name, "fwd")]),
+                "fwd_s": t_f, "fwdbwd_s": t_fb, "peak_mem_mb": mem / 2**20,
+                "gflops_fwd": f_fwd / t_f / 1e9, "gflops_fwdbwd": 3 * f_fwd / t_fb / 1e9,
+            }
+            row["frac_peak_fwd"] = row["gflops_fwd"] / peak0["best"]
+            row["frac_peak_fwdbwd"] = row["gflops_fwdbwd"] / peak0["best"]
+            rows.append(row)
+            print(f"L={L:6d} {name:22s} fwd {t_f * 1e3:9.2f} ms  fwd+bwd {t_fb * 1e3:9.2f} ms  "
+                  f"peak {row['peak_mem_mb']:8.1f} MB  {row['gflops_fwd']:6.1f} GFLOP/s "
+                  f"({100 * row['frac_peak_fwd']:.0f}% of peak)", flush=True)
+    peak1 = matmul_peak_gflops()
+    load_end = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    for row in rows:
+        row["matmul_peak_gflops"] = peak0["best"]
+
+    summary = {
+        "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "torch": torch.__version__, "python": platform.python_version(),
+        "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "threads": threads,
+        "matmul_peak_gflops": peak0["best"], "matmul_peak_start": peak0,
+        "matmul_peak_end": peak1, "load_average_start": list(load_start),
+        "load_average_end": list(load_end), "wall_s": time.perf_counter() - t_start,
+        "performer": FastAttention is not None,
+        "memory_method": "peak RSS rise (VmHWM after reset via /proc/self/clear_refs, minus "
+                         "VmRSS before) over the first forward+backward call; glibc mmap "
+                         f"threshold fixed at 64 KiB: {exact_rss}",
+        "flop_model": "forward linear 2BH[(T+S)Md + (T+S)M(e+1)], softmax 2BHTS(d+e); "
+                      "forward+backward = 3 x forward",
+        "targets": targets(rows),
+    }
+    _write(out_dir, rows, summary)
+    print(_targets_text(summary["targets"]))
+    print(f"wrote {out_dir}/results.jsonl, results.csv, table.md, summary.json, "
+          f"bench_attention.png")
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def _get(rows, method, M, L, key):
+    for r in rows:
+        if r["method"] == method and r["n_features"] == M and r["L"] == L:
+            return r[key]
+    return None
+
+
+def targets(rows: list[dict]) -> dict:
+    """Evaluate the performance targets on measured rows (ratios within this run).
+
+    - ``linear``: favor time(16384) / time(2048) <= 9 (fwd and fwd+bwd, every M);
+    - ``vs_sdpa``: favor faster than softmax SDPA for every L >= 1024;
+    - ``vs_performer``: favor >= 1.5x faster than performer at the same M for L >= 4096;
+    - ``peak``: favor forward >= 35% of the measured matmul peak at L = 16384.
+    Each entry lists the measured values and ``held`` (None when the grid lacks the points).
+    """
+    Ms = sorted({r["n_features"] for r in rows if r["method"] == "favor_fused"})
+    Ls = sorted({r["L"] for r in rows})
+    out: dict = {"linear": [], "vs_sdpa": [], "vs_performer": [], "peak": []}
+    for M in Ms:
+        for key in ("fwd_s", "fwdbwd_s"):
+            a, b = _get(rows, "favor_fused", M, 16384, key), _get(rows, "favor_fused", M, 2048, key)
+            if a is not None and b is not None:
+                out["linear"].append({"M": M, "mode": key[:-2], "ratio": a / b,
+                                      "held": a / b <= 9})
+            for L in Ls:
+                f = _get(rows, "favor_fused", M, L, key)
+                s = _get(rows, "sdpa", None, L, key)
+                if L >= 1024 and f is not None and s is not None:
+                    out["vs_sdpa"].append({"M": M, "L": L, "mode": key[:-2],
+                                           "speedup": s / f, "held": s > f})
+                p = _get(rows, "performer", M, L, key)
+                if L >= 4096 and f is not None and p is not None:
+                    out["vs_performer"].append({"M": M, "L": L, "mode": key[:-2],
+                                                "speedup": p / f, "held": p / f >= 1.5})
+        for key in ("frac_peak_fwd", "frac_peak_fwdbwd"):
+            fr = _get(rows, "favor_fused", M, 16384, key)
+            if fr is not None:
+                out["peak"].append({"M": M, "mode": key[10:], "fraction": fr,
+                                    "held": fr >= 0.35})
+    for name in ("linear", "vs_sdpa", "vs_performer", "peak"):
+        items = out[name]
+        out[name + "_held"] = all(i["held"] for i in items) if items else None
+    return out
+
+
+def _targets_text(t: dict) -> str:
+    lines = ["targets (ratios measured in this run):"]
+    desc = {"linear": "time(16384)/time(2048) <= 9", "vs_sdpa": "faster than SDPA for L >= 1024",
+            "vs_performer": ">= 1.5x faster than performer-pytorch for L >= 4096",
+            "peak": ">= 35% of matmul peak at L = 16384 (forward)"}
+    for name, text in desc.items():
+        held = t[name + "_held"]
+        status = "not measured" if held is None else ("held" if held else "MISSED")
+        vals = []
+        for i in t[name]:
+            v = i.get("ratio", i.get("speedup", i.get("fraction")))
+            tag = f"M={i['M']}" + (f",L={i['L']}" if "L" in i else "") + f",{i['mode']}"
+            vals.append(f"{tag}:{v:.2f}{'' if i['held'] else '!'}")
+        lines.append(f"  {text}: {status}" + (f"  [{' '.join(vals)}]" if vals else ""))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _write(out_dir: Path, rows: list[dict], summary: dict) -> None:
+    with open(out_dir / "results.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    with open(out_dir / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "table.md").write_text(markdown_table(rows, summary))
+    plot(rows, summary["matmul_peak_gflops"], out_dir / "bench_attention.png")
+
+
+def markdown_table(rows: list[dict], summary: dict) -> str:
+    """Markdown: one row per (L, method, M) plus the targets."""
+    lines = [
+        f"Attention benchmark: B={rows[0]['B']}, H={rows[0]['H']}, head dim {rows[0]['d']}, "
+        f"{summary['threads']} thread(s), {summary['cpu']}; float32 matmul peak "
+        f"{summary['matmul_peak_gflops']:.1f} GFLOP/s (measured in the run); load average "
+        f"{summary['load_average_start'][0]:.1f} -> {summary['load_average_end'][0]:.1f}.",
+        "Times are medians; memory is the peak RSS rise of one forward+backward.",
+        "",
+        "| L | method | M | fwd ms | fwd+bwd ms | peak MB | fwd GFLOP/s | % peak | reps |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['L']} | {r['method']} | {r['n_features'] or '-'} | {r['fwd_s'] * 1e3:.2f} | "
+            f"{r['fwdbwd_s'] * 1e3:.2f} | {r['peak_mem_mb']:.1f} | {r['gflops_fwd']:.1f} | "
+            f"{100 * r['frac_peak_fwd']:.0f} | {r['repeats']} |"
+        )
+    lines += ["", "```", _targets_text(summary["targets"]), "```", ""]
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], peak: float, path: Path) -> None:
+    """Four panels versus L: forward time, forward+backward time, peak memory, GFLOP/s."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    panels = [("fwd_s", "forward time (s)"), ("fwdbwd_s", "forward+backward time (s)"),
+              ("peak_mem_mb", "peak memory, fwd+bwd (MB)"), ("gflops_fwd", "forward GFLOP/s")]
+    series: dict[tuple, list] = {}
+    for r in rows:
+        series.setdefault((r["method"], r["n_features"]), []).append(r)
+    colors = {"favor_fused": "tab:blue", "performer": "tab:orange", "sdpa": "black"}
+    Ms = sorted({r["n_features"] for r in rows if r["n_features"]})
+    styles = ["-", "--", ":", "-."]
+    for ax, (key, title) in zip(axes.flat, panels, strict=True):
+        for (method, M), rs in sorted(series.items(), key=lambda s: (s[0][0], s[0][1] or 0)):
+            rs = sorted(rs, key=lambda r: r["L"])
+            ls = styles[Ms.index(M) % len(styles)] if M else "-"
+            label = method if M is None else f"{method} M={M}"
+            ax.plot([r["L"] for r in rs], [r[key] for r in rs], ls, marker="o", ms=3,
+                    color=colors.get(method, "gray"), label=label)
+        if key == "gflops_fwd":
+            ax.axhline(peak, color="red", lw=1, label="matmul peak")
+            ax.axhline(0.35 * peak, color="red", lw=1, ls=":", label="35% of peak")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length L")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    axes[1, 1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
