@@ -264,8 +264,15 @@ def test_bad_input_raises(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert dd.env_info() == (0, 0, 1)  # a stray LOCAL_RANK alone: one process
+    monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="RANK and WORLD_SIZE"):
         dd.env_info()
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(ValueError, match="inconsistent"):
+        dd.env_info()
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
     with pytest.raises(ValueError, match="backend"):
         dd.init_distributed(backend="mpi")
     with pytest.raises(ValueError, match="cannot shard 1 examples over 2"):

@@ -79,17 +79,18 @@ _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 def env_info() -> tuple[int, int, int]:
-    """``(rank, local_rank, world_size)`` from the torchrun environment (``(0, 0, 1)`` if unset).
+    """``(rank, local_rank, world_size)`` from the torchrun environment (``(0, 0, 1)`` without
+    ``WORLD_SIZE``).
 
     Raises
     ------
     ValueError
         When the variables are partly set, not integers, or inconsistent.
     """
-    present = [k for k in _ENV if k in os.environ]
-    if not present:
+    if "WORLD_SIZE" not in os.environ:  # a stray LOCAL_RANK alone means one process
         return 0, 0, 1
-    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+    if "RANK" not in os.environ:
+        present = [k for k in _ENV if k in os.environ]
         raise ValueError(
             f"incomplete torchrun environment: {', '.join(present)} set but RANK and WORLD_SIZE "
             "are both needed; launch with torchrun"
@@ -363,7 +364,11 @@ class DistributedHamiltonian(Hamiltonian):
     rank: int | None = None
     world_size: int | None = None
 
-    def value_and_grad(self, omega, batches):
+    def value_and_grad(
+        self, omega: torch.Tensor, batches
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """Energy (scalar), gradient (N, d) and ``{alignment, repulsion}``; ``batches`` are
+        this rank's shard."""
         rank = get_rank() if self.rank is None else self.rank
         world = get_world_size() if self.world_size is None else self.world_size
         if (not self.shard_repulsion or world == 1 or self.potential is None
