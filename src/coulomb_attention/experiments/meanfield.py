@@ -161,17 +161,14 @@ def _setup(cfg: dict, n_cells: int):
 
 def _distances(cfg: dict, grid: Grid, rho, omega: torch.Tensor) -> dict:
     om = omega.detach().double()
-    out = {"mmd": mmd_to_grid_density(grid, rho, om, bandwidth=cfg["bandwidth"])}
     if grid.dim == 1:
-        out["w1"] = w1_to_grid_density(grid, rho, om)
-        out["distance"] = out["w1"]
-    else:
-        marg = []
-        for k in range(2):
-            g1 = Grid(1, grid.half_width, grid.n)
-            marg.append(w1_to_grid_density(g1, rho.sum(1 - k) * grid.h, om[:, k]))
-        out["w1_marginal"] = float(np.mean(marg))
-        out["distance"] = out["mmd"]
+        w1 = w1_to_grid_density(grid, rho, om)
+        return {"w1": w1, "distance": w1}
+    out = {"mmd": mmd_to_grid_density(grid, rho, om, bandwidth=cfg["bandwidth"])}
+    g1 = Grid(1, grid.half_width, grid.n)
+    marg = [w1_to_grid_density(g1, rho.sum(1 - k) * grid.h, om[:, k]) for k in range(2)]
+    out["w1_marginal"] = float(np.mean(marg))
+    out["distance"] = out["mmd"]
     return out
 
 

@@ -17,6 +17,7 @@ samples to a piecewise-constant grid density:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -122,14 +123,18 @@ def _cell_gauss_1d(grid: Grid, x: np.ndarray, bandwidth: float) -> np.ndarray:
     return (e[:, 1:] - e[:, :-1]) * (bandwidth * math.sqrt(math.pi / 2.0) / grid.h)
 
 
+@functools.lru_cache(maxsize=8)
 def _cell_cell_gauss_1d(grid: Grid, bandwidth: float, q: int = 6) -> np.ndarray:
-    """``K[j, k]`` = average over cells j and k of the 1-D Gaussian kernel, (n, n)."""
+    """``K[j, k]`` = average over cells j and k of the 1-D Gaussian kernel, (n, n); cached
+    (it depends on the grid only). Read-only."""
     nodes, weights = np.polynomial.legendre.leggauss(q)
     nodes, weights = 0.5 * grid.h * nodes, 0.5 * weights
     sub = (grid.centres_1d().numpy()[:, None] + nodes[None, :]).reshape(-1)  # (n q,)
     k = np.exp(-((sub[:, None] - sub[None, :]) ** 2) / (2 * bandwidth**2))
     k = k.reshape(grid.n, q, grid.n, q)
-    return np.einsum("aibj,i,j->ab", k, weights, weights)
+    out = np.einsum("aibj,i,j->ab", k, weights, weights)
+    out.setflags(write=False)
+    return out
 
 
 def mmd_to_grid_density(grid: Grid, rho: torch.Tensor, samples, bandwidth: float = 0.5) -> float:
@@ -156,8 +161,14 @@ def mmd_to_grid_density(grid: Grid, rho: torch.Tensor, samples, bandwidth: float
         cross = ((ax @ p) * ay).sum(1).mean()
         self_d = float(((kcc @ p @ kcc.T) * p).sum())
     xt = torch.from_numpy(x)
-    sq = torch.cdist(xt, xt).square()
-    self_x = float(torch.exp(-sq / (2 * bandwidth**2)).sum()) / n_s**2
+    self_x = 0.0
+    for start in range(0, n_s, 1024):  # row chunks, in-place: O(1024 N) memory
+        chunk = xt[start:start + 1024]
+        k = (chunk[:, None, 0] - xt[None, :, 0]).square_()  # (chunk, N) squared distances
+        for j in range(1, xt.shape[1]):
+            k += (chunk[:, None, j] - xt[None, :, j]).square_()
+        self_x += float(k.mul_(-0.5 / bandwidth**2).exp_().sum())
+    self_x /= n_s**2
     mmd2 = self_x - 2.0 * cross + self_d
     return float(math.sqrt(max(mmd2, 0.0)))
 
