@@ -345,7 +345,8 @@ def test_bench_attention_tiny_grid(tmp_path):
 
     out = tmp_path / "bench"
     rc = main(["bench", "attention", "--lengths", "64,128", "--features", "16", "--repeats",
-               "1", "--threads", "1", "--no-performer", "--out", str(out)])
+               "1", "--threads", "1", "--no-performer", "--peak-size", "128",
+               "--out", str(out)])
     assert rc == 0
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     methods = {r["method"] for r in rows}
