@@ -167,7 +167,8 @@ BAD_PARTICLES = [
     (dict(n_steps=0), ValueError, "n_steps"),
     (dict(eta_schedule="linear"), ValueError, "cosine"),
     (dict(beta_schedule="geometric"), ValueError, "beta_start"),
-    (dict(learn_bias=True, feature_map="softplus"), ValueError, "learn_bias"),
+    (dict(validation_fraction=1.0), ValueError, "validation_fraction"),
+    (dict(eval_every=0), ValueError, "eval_every"),
     (dict(center="yes"), TypeError, "center"),
 ]
 
