@@ -625,8 +625,7 @@ def evaluate_claims(rows: list[dict], particles: str = "particles") -> dict:
     res["repulsion"] = rep
     if len(rep) == 2:
         txt = "; ".join(
-            f"N={n}: {v['mean']:+.4f} (se {v['se']:.4f}, "
-            f"{'> 2 se' if v['mean'] > 2 * v['se'] else 'within 2 se'})"
+            f"N={n}: {v['mean']:+.4f} (se {v['se']:.4f}, {_significance(v['mean'], v['se'])})"
             for n, v in rep.items()
         )
         res["claims"].append(
@@ -641,6 +640,14 @@ def evaluate_claims(rows: list[dict], particles: str = "particles") -> dict:
     else:
         res["claims"].append(_na("C4", "N=16 and N=32 for particles and particles_lam0 needed"))
     return res
+
+
+def _significance(mean: float, se: float) -> str:
+    if mean > 2 * se:
+        return "above +2 se"
+    if mean < -2 * se:
+        return "below -2 se"
+    return "within 2 se"
 
 
 def _na(cid: str, why: str) -> dict:
