@@ -375,3 +375,27 @@ def test_minilm_matches_transformers_oracle(minilm):
         ref = ref_model(input_ids=ids, attention_mask=mask.long()).last_hidden_state
         ours = model.encode(ids, mask)
     assert float((ours - ref)[mask].abs().max()) < 1e-4
+
+
+def test_train_cli_flags_map_to_minilm_config():
+    """``coulomb-attention train --encoder ...`` hands the train command's flags to
+    :func:`run_from_train_args`; check the mapping on the real train parser."""
+    import argparse
+
+    from coulomb_attention.experiments import minilm, train
+
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    if not any(a.dest == "encoder" for a in parser._actions):
+        parser.add_argument("--encoder", default=None)
+    args = parser.parse_args(["--encoder", "minilm", "--task", "rotten_tomatoes",
+                              "--attention", "porf_softplus", "--kernel", "softmax_align",
+                              "--epochs", "2", "--lr", "3e-5", "--train-limit", "300",
+                              "--max-length", "40", "--align-steps", "7", "--n-features", "32"])
+    cfg = minilm._config_from_args(args, task=args.task, attention=args.attention,
+                                   kernel=args.kernel, encoder=args.encoder)
+    assert (cfg.task, cfg.attention, cfg.kernel, cfg.encoder) == (
+        "rotten_tomatoes", "porf_softplus", "softmax_align", "minilm")
+    assert (cfg.train.epochs, cfg.train.lr, cfg.train_limit, cfg.max_length) == (2, 3e-5, 300,
+                                                                                   40)
+    assert (cfg.align.steps, cfg.n_features) == (7, 32)

@@ -109,6 +109,10 @@ class MiniLMConfig:
     eval_limit : int         random evaluation subset (None: the whole split)
     max_length : int         truncation length in tokens
     rows_per_sequence : int  query rows per sequence for softmax_align
+    probe_init : bool        initialise the head by logistic regression on the converted
+                             encoder's pooled features of the training subset before phase B
+                             (linear probing then fine-tuning, LP-FT; each variant gets the
+                             probe of its own features)
     freeze_word_embeddings : bool  keep the (30522, 384) token table fixed in phase B (saves
                              a third of the parameters' optimiser work on a small CPU budget)
     train : TrainConfig      phase B
@@ -125,6 +129,7 @@ class MiniLMConfig:
     eval_limit: int | None = None
     max_length: int = 64
     rows_per_sequence: int = 8
+    probe_init: bool = True
     freeze_word_embeddings: bool = True
     train: TrainConfig = field(default_factory=_default_train)
     align: AlignConfig = field(default_factory=_default_align)
@@ -180,6 +185,32 @@ def _encode(tokenizer, texts, labels, max_length) -> EncodedDataset:
 
 def _metrics(probs: torch.Tensor, labels: np.ndarray) -> dict[str, float]:
     return {k: float(v) for k, v in M.classification_metrics(probs.numpy(), labels).items()}
+
+
+@torch.no_grad()
+def _probe_init_head(model, dataset: EncodedDataset, batch_size: int) -> float:
+    """Fit the head by L2-regularised logistic regression (sklearn, lbfgs, C=1) on the pooled
+    features of ``dataset`` (eval mode); returns the probe's training accuracy."""
+    from sklearn.linear_model import LogisticRegression
+
+    was_training = model.training
+    model.eval()
+    feats = []
+    for start in range(0, len(dataset), batch_size):
+        ids = dataset.input_ids[start:start + batch_size]
+        mask = dataset.attention_mask[start:start + batch_size]
+        feats.append(model.pool(model.encode(ids, mask), mask).double())
+    x = torch.cat(feats).numpy()
+    y = dataset.labels.numpy()
+    clf = LogisticRegression(C=1.0, max_iter=2000).fit(x, y)
+    coef = torch.as_tensor(clf.coef_)
+    bias = torch.as_tensor(clf.intercept_)
+    if coef.shape[0] == 1:  # binary: logit difference w.x + b -> two symmetric rows
+        coef, bias = torch.cat([-coef / 2, coef / 2]), torch.cat([-bias / 2, bias / 2])
+    model.head.weight.copy_(coef.to(model.head.weight))
+    model.head.bias.copy_(bias.to(model.head.bias))
+    model.train(was_training)
+    return float(clf.score(x, y))
 
 
 def _finite_or_none(obj):
@@ -238,6 +269,12 @@ def run_one(config: MiniLMConfig, out: str | Path, *, data_dir=None,
                                          f"{r['holdout_after']:.4f})"))
 
     bs = config.train.eval_batch_size
+    if config.probe_init:
+        t0 = time.perf_counter()
+        probe_acc = _probe_init_head(model, train_set, config.train.eval_batch_size)
+        timings["probe_s"] = time.perf_counter() - t0
+        log(f"[{name}] head initialised by a linear probe (train accuracy {probe_acc:.4f}, "
+            f"{timings['probe_s']:.0f} s)")
     if config.freeze_word_embeddings:
         model.embeddings.word_embeddings.weight.requires_grad_(False)
     omega_before = [layer.omega.clone() for layer in model.attention_layers]
