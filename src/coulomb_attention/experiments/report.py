@@ -60,7 +60,8 @@ def _alignment_gain(r: dict) -> float:
 
 
 def _wall(r: dict) -> float:
-    return float(r.get("timings", {}).get("total_s", math.nan))
+    t = r.get("timings", {})
+    return float(t.get("stages_s", t.get("total_s", math.nan)))
 
 
 COLUMNS = {

@@ -305,7 +305,9 @@ def train_one(
         tokenizer, config, bs)
     timings["eval_s"] = time.perf_counter() - t0
     timings["inference_s_per_example"] = per_example
-    timings["total_s"] = time.perf_counter() - t_start
+    timings["total_s"] = time.perf_counter() - t_start  # this process (resumes: the rest)
+    timings["stages_s"] = sum(timings.get(k, 0.0) for k in (
+        "data_s", "warmup_s", "phase_a_s", "phase_b_s", "eval_s"))  # over all resumes
     n_params = sum(p.numel() for p in model.parameters())
     metrics = {
         **result,
