@@ -94,7 +94,7 @@ def test_fused_favor_matches_naive(groups, chunk):
 
 
 def test_fused_favor_gradcheck():
-    q, k, v = _qkv(B=1, H=2, T=4, S=5, d=3, e=2)
+    q, k, v = _qkv(B=1, H=1, T=4, S=5, d=3, e=2)
     omega = torch.randn(1, 4, 3, generator=_gen(2), dtype=torch.float64, requires_grad=True)
     mask = _mask(1, 5, [4])
     assert torch.autograd.gradcheck(
@@ -126,7 +126,7 @@ def test_favor_approximates_softmax_better_with_more_features():
         e = [
             rel_err(AF.favor_attention(q, k, v, features.orthogonal(
                 M, d, generator=_gen(100 + s), dtype=torch.float64)[None]), exact)
-            for s in range(6)
+            for s in range(4)
         ]
         errs.append(sum(e) / len(e))
     assert all(a > b for a, b in zip(errs[:-1], errs[1:], strict=True)), errs
@@ -344,7 +344,7 @@ def test_bench_attention_tiny_grid(tmp_path):
     from coulomb_attention.cli import main
 
     out = tmp_path / "bench"
-    rc = main(["bench", "attention", "--lengths", "64,128", "--features", "16", "--repeats",
+    rc = main(["bench", "attention", "--lengths", "32,64", "--features", "16", "--repeats",
                "1", "--threads", "1", "--no-performer", "--peak-size", "128",
                "--out", str(out)])
     assert rc == 0
