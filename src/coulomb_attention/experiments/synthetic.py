@@ -980,7 +980,8 @@ def run(args: argparse.Namespace) -> int:
     res["config"] = to_dict(cfg)
     md = claims_markdown(res, "Claims of the paper, measured on the synthetic grid")
     cpu = sum(r["timings"].get("cpu_s", float("nan")) for r in rows)
-    md += (f"\nGrid wall time this invocation: {grid_s:.1f} s (jobs={args.jobs}); "
+    how = "report only, no runs" if args.report_only else f"jobs={args.jobs}"
+    md += (f"\nGrid wall time this invocation: {grid_s:.1f} s ({how}); "
            f"CPU time of all {len(rows)} rows: {cpu:.1f} s (load-independent cost; "
            f"/ 2 = wall time on an idle 2-core machine with --jobs 2).\n")
     (out / "claims.md").write_text(md)
