@@ -234,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
     p_init, p_step = projected_langevin(energy_grad, Box(cfg["half_width"]), eta=cfg["eta"],
                                         beta=cfg["beta"])
     n_max = max(cfg["ns"])
+    (out / "runs.jsonl").write_text("")
+    written = 0
     kept: dict[str, np.ndarray] = {}
     pooled: dict[int, list[torch.Tensor]] = {}
     for n in cfg["ns"]:
@@ -262,6 +264,10 @@ def run(args: argparse.Namespace) -> int:
             last = rows[-1]
             print(f"N={n:5d} seed={seed} t={last['t']:.3g} distance={last['distance']:.4f} "
                   f"({wall:.1f}s)", flush=True)
+            with open(out / "runs.jsonl", "a") as fh:  # incremental: partial runs survive
+                for r in rows[written:]:
+                    fh.write(json.dumps({**r, "config": cfg}) + "\n")
+            written = len(rows)
 
     # ---- summary --------------------------------------------------------------------------
     part = [r for r in rows if r["kind"] == "particles"]
@@ -301,9 +307,6 @@ def run(args: argparse.Namespace) -> int:
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
     }
-    with open(out / "runs.jsonl", "w") as fh:
-        for r in rows:
-            fh.write(json.dumps({**r, "config": cfg}) + "\n")
     np.savez(out / "snapshots.npz", times=np.array(times),
              **{f"rho_t{i}": snaps[t].rho.numpy() for i, t in enumerate(times)}, **kept,
              v_grid=step.v_grid.numpy(), half_width=cfg["half_width"], n_max=n_max)
