@@ -171,11 +171,27 @@ def grid(cfg: SyntheticConfig) -> list[RunSpec]:
     return specs
 
 
+def estimator_defaults() -> dict:
+    """Default parameters of the estimators (part of the config hash, so that ``--resume``
+    never mixes rows of an estimator whose defaults have changed)."""
+    from .. import estimators
+
+    out = {}
+    for cls in (estimators.RandomFeatures, estimators.ImportanceFeatures,
+                estimators.ParticleFeatures):
+        params = cls().get_params()
+        params.pop("random_state", None)
+        out[cls.__name__] = {k: repr(v) for k, v in sorted(params.items())}
+    return out
+
+
 def config_hash(cfg: SyntheticConfig) -> str:
-    """Hash of the settings a single run depends on (not the grid's extent)."""
+    """Hash of the settings a single run depends on (not the grid's extent), including the
+    estimators' default parameters."""
     d = to_dict(cfg)
     for k in ("tasks", "noise_levels", "budgets", "methods", "seeds", "diagnostic_budget"):
         d.pop(k)
+    d["estimator_defaults"] = estimator_defaults()
     return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
