@@ -208,3 +208,34 @@ def test_bad_inputs_raise(cls):
     est.fit(X, y)
     with pytest.raises(ValueError, match="features"):
         est.transform(X[:, :2])
+
+
+def test_projection_options_keep_particles_inside():
+    X, y = xor_task(n=300, d=4)
+    ball = ParticleFeatures(16, n_steps=30, radius=1.2, eta=0.2, random_state=0).fit(X, y)
+    assert np.linalg.norm(ball.omega_, axis=1).max() <= 1.2 * ball.scale_ * (1 + 1e-6)
+    assert ((ball.bias_ >= 0) & (ball.bias_ < 2 * math.pi)).all()
+    box = ParticleFeatures(16, n_steps=30, projection="box", radius=2.0, random_state=0)
+    box.fit(X, y)
+    assert np.abs(box.omega_).max() <= 2.0 / math.sqrt(4) * box.scale_ * (1 + 1e-6)
+    fixed = ParticleFeatures(16, n_steps=10, learn_bias=False, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(fixed.bias_, RandomFeatures(16, random_state=0).fit(X).bias_)
+
+
+def test_validation_selection_keeps_a_visited_iterate():
+    X, y = xor_task(n=600, d=4)
+    est = ParticleFeatures(16, n_steps=30, validation_fraction=0.25, random_state=0).fit(X, y)
+    val = [h["val_alignment"] for h in est.history_ if "val_alignment" in h]
+    assert len(val) == 3 and 0 <= est.best_step_ <= 30
+    assert est.val_alignment_ >= max(val) - 1e-12
+
+
+def test_bench_and_demo_helpers():
+    from coulomb_attention.experiments.bench_langevin import time_step
+    from coulomb_attention.experiments.demo import make_demo_task
+
+    assert time_step(N=8, n=64, d=3, repeats=1, dtype=torch.float32) > 0
+    X, y = make_demo_task(50, 5, 0.0, 0)
+    assert X.shape == (100, 5) and set(np.unique(y)) == {0, 1}
+    with pytest.raises(ValueError, match="d >= 2"):
+        make_demo_task(50, 1, 0.0, 0)

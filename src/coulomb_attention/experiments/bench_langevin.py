@@ -34,11 +34,11 @@ __all__ = ["add_arguments", "run", "time_step"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/bench_langevin", help="output directory")
-    parser.add_argument("--quick", action="store_true", help="small grid (< 1 min)")
+    parser.add_argument("--quick", action="store_true", help="N <= 1024 only (about 1 min idle)")
     parser.add_argument("--N", type=int, nargs="+", help="numbers of particles")
     parser.add_argument("--n", type=int, nargs="+", help="batch sizes (data points per step)")
     parser.add_argument("--d", type=int, default=16, help="input dimension")
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps (min is reported)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed steps (min is reported)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
 
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         Ns, ns = args.N or [64, 256, 1024], args.n or [256, 1024, 4096]
     else:
-        Ns, ns = args.N or [64, 256, 1024, 4096], args.n or [512, 2048, 8192]
+        Ns, ns = args.N or [64, 256, 1024, 4096], args.n or [256, 1024, 4096]
     for name, vals in (("--N", Ns), ("--n", ns)):
         if any(v < 2 for v in vals):
             raise ValueError(f"{name} values must be >= 2, got {vals}")
