@@ -210,7 +210,9 @@ def build_report(results: str | Path, plots: bool = True) -> Path:
                   f"Evaluation split: `{any_run.get('eval_split')}` "
                   f"({any_run.get('n_eval')} examples; {any_run.get('eval_description', '')}), "
                   f"training split `{any_run.get('train_split')}` "
-                  f"({any_run.get('n_train')} examples).", ""]
+                  f"({any_run.get('n_train')} examples"
+                  + (", a seeded random subset" if any_run.get("config", {}).get("data", {})
+                     .get("train_limit") else "") + ").", ""]
         header = ["variant", "seeds", *COLUMNS]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for name in sorted(variants):
