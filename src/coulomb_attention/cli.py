@@ -62,9 +62,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name, help=help_)
     bench = sub.add_parser("bench", help="benchmarks (attention, langevin)")
     bench_sub = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
+    rest = [a for a in (argv or []) if not a.startswith("-")]
+    wanted_bench = rest[1] if wanted == "bench" and len(rest) > 1 else None
     for name, (module, help_) in BENCHMARKS.items():
-        if wanted in (None, "bench"):
+        if wanted in (None, "bench") and wanted_bench in (None, name):
             _add(bench_sub, name, module, help_)
+        else:
+            bench_sub.add_parser(name, help=help_)
     return parser
 
 
