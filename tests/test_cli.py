@@ -204,8 +204,8 @@ DEFECTS = {
                       "without naming --seed",
     "suite --seeds a": "suite --seeds a reports \"invalid literal for int() with base 10: 'a'\" "
                        "without naming --seeds",
-    "report torn metrics.json": "report on a torn metrics.json prints json's 'Invalid control "
-                                "character at: line 1 column 23' without the file name",
+    "report torn metrics.json": "report on a torn metrics.json prints json's parse error "
+                                "('Unterminated string ...') without the file name",
     "report metrics.json without keys": "report on a metrics.json without 'task' crashes with "
                                         "a KeyError traceback",
     "synthetic --particle-steps 0": "synthetic --particle-steps 0 runs the grid (15 runs, "

@@ -489,11 +489,11 @@ def test_langevin_stops_on_non_finite_energy():
     state = init_fn(torch.randn(4, 2, generator=torch.Generator().manual_seed(0)),
                     torch.Generator().manual_seed(1))
     seen = []
-    with pytest.raises(dynamics.NonFiniteEnergyError, match="non-finite energy.*step 2"):
+    with pytest.raises(dynamics.NonFiniteEnergyError, match="non-finite energy.*step 2") as ei:
         dynamics.run(state, step_fn, 10, callback=lambda s, info: seen.append(s.omega.clone()))
     assert len(seen) == 2 and all(torch.isfinite(o).all() for o in seen)
-    _record("non-finite", "Langevin energy NaN at step 2",
-            "NonFiniteEnergyError: non-finite energy or gradient at Langevin step 2")
+    _record("non-finite", "Langevin energy NaN at step 2 (run of 10 steps)",
+            f"{_describe(ei.value)}; the 2 finite states before it were kept")
 
 
 def test_langevin_stops_on_infinite_gradient():
@@ -523,16 +523,16 @@ class _NaNAfter(torch.nn.Module):
 
 def test_training_stops_on_nan_loss_and_writes_nothing_for_that_epoch(tmp_path):
     ds = _tiny_dataset()  # 64 examples, batch 16: 4 steps per epoch
-    with pytest.raises(FloatingPointError, match="non-finite training loss.*epoch 2"):
+    with pytest.raises(FloatingPointError, match="non-finite training loss.*epoch 2") as ei:
         fit(_NaNAfter(6), ds, TrainConfig(epochs=3, batch_size=16), seed=0,
             checkpoint_dir=tmp_path)
     latest = ckpt.latest_checkpoint(tmp_path)
     assert latest is not None and latest.name == "epoch-001"  # epoch 2 was never written
     meta, _ = ckpt.load_checkpoint(latest)
     assert all(math.isfinite(h["train_loss"]) for h in meta["history"])
-    _record("non-finite", "training loss NaN in epoch 2",
-            "FloatingPointError: non-finite training loss (nan) at epoch 2; "
-            "checkpoint of epoch 1 kept, nothing written for epoch 2")
+    _record("non-finite", "training loss NaN in epoch 2 (fit, 3 epochs, checkpoints on)",
+            f"{_describe(ei.value)}; latest checkpoint stays epoch-001, nothing written for "
+            "epoch 2")
 
 
 def test_atomic_json_refuses_nan_and_keeps_previous(tmp_path):
