@@ -101,6 +101,29 @@ def run_phase_b(runtime, global_batch: int, epochs: int = 2, checkpoint_dir=None
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, result.history
 
 
+def run_align_features(rank: int, world: int, reduce) -> torch.Tensor:
+    """Phase A of the training code (``align_features``) with full-batch steps on this rank's
+    shard of 12 sequences; returns the particles of the model's attention layer."""
+    from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
+    from coulomb_attention.train.loop import EncodedDataset
+    from coulomb_attention.train.phases import AlignConfig, align_features
+
+    ids, mask, labels = _phase_b_data()
+    labels = torch.arange(12) // 2 % 2  # both classes in every strided shard
+    data = dd.shard(EncodedDataset(ids, mask, labels), rank, world, strided=True, equal=True)
+    cfg = ModelConfig(vocab_size=40, dim=16, layers=1, heads=2, mlp_dim=32, max_len=8,
+                      n_features=8, dropout=0.0)
+    model = TransformerClassifier(cfg, generator=torch.Generator().manual_seed(5))
+    # beta=0: no noise. align_features draws its noise after randperm(n_examples) from one
+    # generator, so one process (12 examples) and a shard (6) see different noise streams;
+    # equal shards keep the streams equal across ranks.
+    align = AlignConfig(n_examples=64, holdout=0, batch_size=64, steps=6, eta=0.5, eta_end=0.1,
+                        beta=0.0, lam=0.1)
+    align_features(model, data, align, generator=torch.Generator().manual_seed(9),
+                   reduce=reduce)
+    return model.attention_layers[0].omega.detach().clone()
+
+
 # ----------------------------------------------------------------- the distributed worker
 
 
@@ -119,6 +142,7 @@ def _worker(out: Path) -> None:
     res.update(phase_a=omega, phase_a_energy=torch.tensor(energies))
     omega, _ = run_phase_a(rt.rank, rt.world_size, rt.reduce, sharded_repulsion=True)
     res["phase_a_sharded"] = omega
+    res["align_features"] = run_align_features(rt.rank, rt.world_size, rt.reduce)
     # sharded Riesz alone, N odd (uneven rows)
     w = torch.randn(7, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     pot = E.make_potential("riesz", s=1.0, eps=0.05)
@@ -180,6 +204,16 @@ def test_phase_a_matches_single_process(dist_results, key):
     if key == "phase_a":
         torch.testing.assert_close(ranks[0]["phase_a_energy"], torch.tensor(energies),
                                    rtol=1e-9, atol=1e-12)
+
+
+def test_align_features_matches_single_process(dist_results):
+    # the training code's phase A with full-batch steps: 2 shards + reduce == all data
+    ranks, _ = dist_results
+    single = run_align_features(0, 1, None)
+    init = _initial_state()["blocks.0.attn.omega"]
+    assert float((single - init).abs().max()) > 1e-3  # the particles moved
+    assert torch.equal(ranks[0]["align_features"], ranks[1]["align_features"])
+    torch.testing.assert_close(ranks[0]["align_features"], single, rtol=1e-4, atol=1e-5)
 
 
 def test_phase_a_differs_without_reduce():
