@@ -35,7 +35,7 @@ def test_feature_maps_shapes_and_finite(seed, n, m, d, scale, dtype):
             # exp features overflow for large norms unless shifted; with the row-max shift
             # they are finite, in [0, 1/sqrt(m)] and the largest is exactly 1/sqrt(m).
             wide = torch.promote_types(x.dtype, torch.float32)
-            logits = F.log_positive(x.float(), om.float()).to(wide)
+            logits = F.log_positive(x.to(wide), om.to(wide))  # the precision positive() uses
             phi = F.positive(x, om, shift=logits.amax(-1, keepdim=True))
             assert phi.dtype in (torch.float32, torch.float64)
             assert torch.isfinite(phi).all()

@@ -272,23 +272,17 @@ def test_bad_input_public_api(case, fn, pattern):
 # Defects: each test shows the bad input and the error a user should get.
 
 
-@pytest.mark.xfail(strict=True, reason="defect: KernelAttention.forward with an integer x "
-                   "raises torch's RuntimeError (mat1 and mat2 dtype) instead of TypeError")
 def test_kernel_attention_integer_input_is_type_error():
     expect_error("api", "KernelAttention x int64", lambda: _ka()(torch.ones(2, 3, 8,
                                                                            dtype=torch.long)),
                  (TypeError,), "floating")
 
 
-@pytest.mark.xfail(strict=True, reason="defect: energy.encode_labels accepts NaN labels (NaN "
-                   "becomes a class of its own)")
 def test_encode_labels_rejects_nan():
     expect_error("api", "energy.encode_labels with NaN",
                  lambda: energy.encode_labels(np.array([0.0, 1.0, np.nan])), USER_ERRORS, "NaN")
 
 
-@pytest.mark.xfail(strict=True, reason="defect: energy.encode_labels(y, classes) maps a label "
-                   "that is not among `classes` to a wrong +-1 value/one-hot row silently")
 def test_encode_labels_rejects_label_outside_classes():
     expect_error("api", "energy.encode_labels label 5 not in classes [0, 1]",
                  lambda: energy.encode_labels(np.array([0, 1, 5]), np.array([0, 1])),
@@ -360,15 +354,8 @@ def _run_mode(ka, q, k, v, mask, mode):
         return ka.attend(q, k, v, mask).double(), torch.float32
 
 
-_FP16_AUTOCAST_DEFECT = pytest.mark.xfail(
-    strict=True, reason="defect: under torch.autocast(float16) the porf_softplus/softmax_feat "
-    "feature matmul q @ omega.T runs in float16 (KernelAttention._phi is called with autocast "
-    "on; _upcast is undone by autocast) and overflows to inf -> NaN outputs at |q| ~ 1e4")
 OVERFLOW_CASES = [
-    pytest.param(name, mode, id=f"{name}-{mode}",
-                 marks=[_FP16_AUTOCAST_DEFECT] if (mode == "fp16-autocast" and name in (
-                     "porf_softplus", "softmax_feat")) else [])
-    for name in PARTICLE_MAPS for mode in MODES
+    pytest.param(name, mode, id=f"{name}-{mode}") for name in PARTICLE_MAPS for mode in MODES
 ]
 
 
@@ -600,8 +587,6 @@ class _CrashingJson:
         raise OSError("simulated crash while writing")
 
 
-@pytest.mark.xfail(strict=True, reason="defect: bench langevin writes langevin_step.json "
-                   "in place (open 'w' + json.dump): a crash mid-write leaves a truncated file")
 def test_bench_langevin_result_never_half_written(tmp_path, monkeypatch):
     from coulomb_attention.experiments import bench_langevin as bl
 

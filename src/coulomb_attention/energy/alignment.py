@@ -119,8 +119,14 @@ def encode_labels(y, classes=None) -> tuple[torch.Tensor, np.ndarray]:
     y = np.asarray(y)
     if y.ndim != 1:
         raise ValueError(f"labels must be 1-D, got shape {y.shape}")
+    if y.dtype.kind == "f" and not np.isfinite(y).all():
+        raise ValueError(f"labels contain {int((~np.isfinite(y)).sum())} NaN or infinite value(s)")
     if classes is None:
         classes = np.unique(y)
+    elif not np.isin(y, classes).all():
+        bad = np.unique(y[~np.isin(y, classes)])
+        raise ValueError(f"labels {bad[:5].tolist()} are not among the classes "
+                         f"{np.asarray(classes).tolist()}")
     idx = np.searchsorted(classes, y)
     if len(classes) < 2:
         raise ValueError(f"need labels of at least 2 classes, got {len(classes)}: {classes}")

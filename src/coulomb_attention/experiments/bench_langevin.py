@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import platform
@@ -28,6 +29,7 @@ import torch
 from ..dynamics import Ball, projected_langevin
 from ..energy import Hamiltonian, encode_labels, make_potential
 from ..features import draw_bias, feature_fn, sample
+from ..train.checkpoint import atomic_write_text
 
 __all__ = ["add_arguments", "run", "time_step"]
 
@@ -124,22 +126,19 @@ def run(args: argparse.Namespace) -> int:
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
     }
-    with open(out / "langevin_step.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=["N", "n", "d", "seconds"])
-        w.writeheader()
-        w.writerows(rows)
-    with open(out / "langevin_step.json", "w") as fh:
-        json.dump(
-            {
-                "meta": meta,
-                "rows": rows,
-                "slope_in_n": {str(k): v for k, v in slopes_n.items()},
-                "slope_in_N_at_max_n": slope_N,
-                "table_md": table,
-            },
-            fh,
-            indent=1,
-        )
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["N", "n", "d", "seconds"])
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(out / "langevin_step.csv", buf.getvalue())
+    result = {
+        "meta": meta,
+        "rows": rows,
+        "slope_in_n": {str(k): v for k, v in slopes_n.items()},
+        "slope_in_N_at_max_n": slope_N,
+        "table_md": table,
+    }
+    atomic_write_text(out / "langevin_step.json", json.dumps(result, indent=1))
     plot(out / "langevin_step.json", out / "langevin_step.png")
     print(f"wrote {out}/langevin_step.{{csv,json,png}}")
     return 0

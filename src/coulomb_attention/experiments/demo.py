@@ -26,6 +26,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from ..estimators import ImportanceFeatures, ParticleFeatures, RandomFeatures
+from ..train.checkpoint import atomic_write_text
 
 __all__ = ["add_arguments", "run", "make_demo_task"]
 
@@ -75,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--noise must be in [0, 0.5), got {args.noise}")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -106,24 +109,20 @@ def run(args: argparse.Namespace) -> int:
         )
     config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
     defaults = ParticleFeatures().get_params()
-    with open(out / "results.json", "w") as fh:
-        json.dump(
-            {
-                "config": config,
-                "particle_defaults": {k: str(v) for k, v in defaults.items()},
-                "results": rows,
-                "traces": traces,
-            },
-            fh,
-            indent=1,
+    result = {
+        "config": config,
+        "particle_defaults": {k: str(v) for k, v in defaults.items()},
+        "results": rows,
+        "traces": traces,
+    }
+    atomic_write_text(out / "results.json", json.dumps(result, indent=1))
+    md = "| method | N | test accuracy | train accuracy | fit s |\n|---|---|---|---|---|\n"
+    for r in rows:
+        md += (
+            f"| {r['method']} | {r['n_components']} | {r['test_accuracy']:.3f} | "
+            f"{r['train_accuracy']:.3f} | {r['fit_seconds']:.2f} |\n"
         )
-    with open(out / "results.md", "w") as fh:
-        fh.write("| method | N | test accuracy | train accuracy | fit s |\n|---|---|---|---|---|\n")
-        for r in rows:
-            fh.write(
-                f"| {r['method']} | {r['n_components']} | {r['test_accuracy']:.3f} | "
-                f"{r['train_accuracy']:.3f} | {r['fit_seconds']:.2f} |\n"
-            )
+    atomic_write_text(out / "results.md", md)
     plot(out / "results.json", out / "demo.png")
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'demo.png'}")
     return 0

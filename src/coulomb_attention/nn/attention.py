@@ -244,6 +244,8 @@ class KernelAttention(nn.Module):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if x.ndim != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, T, {self.dim}), got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must be a floating tensor, got dtype {x.dtype}")
 
     def _phi(self, u: torch.Tensor) -> torch.Tensor:
         """Unshifted features of (B, H, L, dh) with this layer's omega: (B, H, L, M)."""
@@ -292,7 +294,9 @@ class KernelAttention(nn.Module):
             return AF.favor_attention(q, k, v, self.omega, mask, chunk_size=self.chunk_size)
         if name == "softmax":
             return _sdpa(q, k, v, mask)
-        return AF.linear_attention(self._phi(q), self._phi(k), v, mask)
+        # the maps upcast to float32; autocast would undo that inside the matmul q @ omega.T
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            return AF.linear_attention(self._phi(q), self._phi(k), v, mask)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.heads}, feature_map={self.feature_map!r}, "
