@@ -150,9 +150,9 @@ def test_non_finite_loss_raises(tmp_path):
 def test_phase_a_raises_alignment_and_moves_only_omega():
     data = synthetic_set(n=128)
     model = tiny_model("favor", layers=2)
-    fit(model, data, TrainConfig(epochs=2, batch_size=16, lr=3e-3), seed=0)
+    fit(model, data, TrainConfig(epochs=1, batch_size=16, lr=3e-3), seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    cfg = AlignConfig(n_examples=96, holdout=32, batch_size=32, steps=15, eta=0.05,
+    cfg = AlignConfig(n_examples=96, holdout=32, batch_size=32, steps=10, eta=0.05,
                       eta_end=0.01, lam=0.1)
     records = align_features(model, data, cfg, generator=torch.Generator().manual_seed(0))
     assert [r["layer"] for r in records] == [0, 1]
