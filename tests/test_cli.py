@@ -255,7 +255,6 @@ def test_cli_defects(case, argv, pattern, tmp_path, capsys):
     _check(argv, pattern, tmp_path, capsys, case=case)
 
 
-@pytest.mark.xfail(strict=True, reason="defect: " + DEFECTS["synthetic --particle-steps 0"])
 def test_synthetic_rejects_bad_particle_args_before_running(tmp_path, capsys):
     _check(["synthetic", "--quick", "--tasks", "xor", "--methods", "rff", "particles",
             "--budgets", "16", "--seeds", "1", "--particle-steps", "0"],

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import override, to_dict
+from ..train.checkpoint import atomic_write_text
 from .synthetic_tasks import TASKS, make_task
 
 __all__ = [
@@ -336,9 +337,9 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     res = run_concentration(cfg, jobs=args.jobs, threads=args.threads)
     res["wall_s"] = time.perf_counter() - t0
-    (out / "concentration.json").write_text(json.dumps(res, indent=1))
+    atomic_write_text(out / "concentration.json", json.dumps(res, indent=1))
     md = to_markdown(res) + f"\nWall time: {res['wall_s']:.1f} s (jobs={args.jobs}).\n"
-    (out / "concentration.md").write_text(md)
+    atomic_write_text(out / "concentration.md", md)
     plot(res, out / "concentration.png")
     print(md)
     print(f"wrote {out}/concentration.json, concentration.md, concentration.png")

@@ -126,6 +126,10 @@ class SyntheticConfig:
         for name in ("particles", "importance"):
             if not isinstance(getattr(self, name), dict):
                 raise TypeError(f"{name} must be a dict of estimator arguments")
+        from ..estimators import ParticleFeatures
+
+        # fail now, not after part of the grid has run (unknown keys raise TypeError)
+        ParticleFeatures(**self.particles)._check_params()
 
 
 # The reduced grid of --quick (< 3 min on 2 cores).
