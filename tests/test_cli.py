@@ -266,7 +266,6 @@ def test_synthetic_rejects_bad_particle_args_before_running(tmp_path, capsys):
     assert n_rows == 0, f"{n_rows} grid run(s) computed before the bad argument was rejected"
 
 
-@pytest.mark.xfail(strict=True, reason="defect: " + DEFECTS["meanfield --grid 0"])
 def test_meanfield_rejects_grid_zero(tmp_path, capsys, monkeypatch):
     from coulomb_attention.experiments import meanfield
 

@@ -131,8 +131,8 @@ def _validate(args) -> dict:
     if n_steps < args.snapshots - 1:
         raise ValueError(f"--t-final / --eta = {args.t_final / args.eta:g} steps is fewer "
                          f"than the {args.snapshots - 1} snapshot intervals")
-    grid = args.grid or ((128 if args.quick else 256) if args.dim == 1
-                         else (32 if args.quick else 64))
+    default_grid = (128 if args.quick else 256) if args.dim == 1 else (32 if args.quick else 64)
+    grid = args.grid if args.grid is not None else default_grid
     check_positive("--grid", grid, integer=True)
     seeds = args.seeds if args.seeds is not None else (2 if args.quick else 3)
     check_positive("--seeds", seeds, integer=True)
