@@ -783,9 +783,6 @@ def test_crafted_pickle_is_never_executed(tmp_path, fmt):
         assert not marker.exists(), f"{name}: unpickling executed code"
 
 
-@pytest.mark.xfail(strict=True, reason="defect: crafted/corrupt checkpoint files raise "
-                   "safetensors' SafetensorError ('header too large') that names no file and "
-                   "is not a user error, so `train --resume` shows a traceback")
 def test_crafted_checkpoint_gives_clear_error(tmp_path):
     marker = tmp_path / "PWNED"
     for name, load in _loaders(tmp_path, lambda p: p.write_bytes(_evil_pickle(marker)))[:3]:
@@ -804,8 +801,6 @@ def test_crafted_pretrained_bin_gives_clear_error(tmp_path):
     assert "weights_only=False" not in str(exc)
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a corrupt latest.json/state.json raises "
-                   "json.JSONDecodeError whose message does not name the file")
 def test_corrupt_checkpoint_json_names_the_file(tmp_path):
     root = tmp_path / "ckpt"
     ckpt.save_checkpoint(root, "epoch-001", _tiny_model("elu"), {"epoch": 1})

@@ -31,7 +31,15 @@ def load_results(results: str | Path) -> list[dict]:
         raise NotADirectoryError(f"results directory not found: {results}")
     rows = []
     for path in sorted(results.glob("*/*/seed*/metrics.json")):
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+        missing = [k for k in ("task", "attention", "kernel", "seed", *METRICS)
+                   if not isinstance(data, dict) or k not in data]
+        if missing:
+            raise ValueError(f"{path}: not a metrics.json of `train` (missing "
+                             f"{', '.join(missing)})")
         data["_path"] = str(path.relative_to(results))
         rows.append(data)
     if not rows:

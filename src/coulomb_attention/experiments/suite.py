@@ -52,7 +52,10 @@ def _parse_variants(text: str | None) -> list[tuple[str, str]]:
 def run_suite(args: argparse.Namespace, log=print) -> list[dict]:
     """Run (or skip) every task x variant x seed; returns the status rows."""
     tasks = [check_choice("task", t.strip(), DATASETS) for t in args.tasks.split(",")]
-    seeds = [int(s) for s in str(args.seeds).split(",")]
+    try:
+        seeds = [int(s) for s in str(args.seeds).split(",")]
+    except ValueError as exc:
+        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from exc
     variants = _parse_variants(args.variants)
     runtime = _setup(args)
     results = Path(args.out)

@@ -1,4 +1,4 @@
-"""Attention layers: linear-attention ops with naive twins, and the KernelAttention module."""
+"""Attention layers (linear-attention ops with naive twins, KernelAttention) and the classifier."""
 
 from . import functional
 from .attention import ATTENTION_FEATURES, AttentionFeature, KernelAttention
@@ -9,11 +9,15 @@ from .functional import (
     naive_linear_attention,
     softmax_attention,
 )
+from .model import ModelConfig, TransformerClassifier, bert_key_map
 
 __all__ = [
     "ATTENTION_FEATURES",
     "AttentionFeature",
     "KernelAttention",
+    "ModelConfig",
+    "TransformerClassifier",
+    "bert_key_map",
     "favor_attention",
     "functional",
     "linear_attention",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 __all__ = [
@@ -88,8 +89,24 @@ def load_model_file(path: str | os.PathLike, model: torch.nn.Module) -> None:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no model file at {path}")
-    state = load_file(str(path))
+    state = _load_safetensors(path)
     model.load_state_dict(state, strict=True)
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """``load_file`` with a ``ValueError`` naming the file for a corrupt/foreign file."""
+    try:
+        return load_file(str(path))
+    except SafetensorError as exc:
+        raise ValueError(f"{path}: not a valid safetensors file ({exc}); the checkpoint is "
+                         "corrupt or was not written by coulomb-attention") from exc
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); the checkpoint is corrupt") from exc
 
 
 def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -169,7 +186,10 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
     pointer = root / LATEST
     if not pointer.is_file():
         return None
-    name = json.loads(pointer.read_text())["name"]
+    entry = _read_json(pointer)
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise ValueError(f"{pointer}: expected {{\"name\": ...}}, got {entry!r}")
+    name = entry["name"]
     path = root / name
     if not (path / "state.json").is_file():
         raise FileNotFoundError(f"{pointer} names {name!r} but {path}/state.json is missing")
@@ -179,6 +199,6 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
 def load_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     """``(meta, tensors)`` of one checkpoint directory (the model file is loaded separately)."""
     path = Path(path)
-    meta = json.loads((path / "state.json").read_text())
-    tensors = load_file(str(path / "state.safetensors"))
+    meta = _read_json(path / "state.json")
+    tensors = _load_safetensors(path / "state.safetensors")
     return meta, tensors
