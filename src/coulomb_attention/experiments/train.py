@@ -15,6 +15,7 @@ reuse one warm-up checkpoint for both (see :func:`warmup_config`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -225,6 +226,9 @@ def train_one(
     dict : the content of ``metrics.json``
     """
     runtime = runtime or Runtime()
+    if not runtime.is_main:  # one process prints and writes (all compute)
+        def log(*_args, **_kwargs):
+            return None
     out = Path(out)
     ckpt_root = out / "ckpt"
     if ckpt_root.exists() and any(ckpt_root.iterdir()) and not resume:
@@ -233,7 +237,8 @@ def train_one(
     out.mkdir(parents=True, exist_ok=True)
     data_dir = _resolve_data_dir(data_dir)
     t_start = time.perf_counter()
-    spec, train, ev, adv, tokenizer = _load_data(config, data_dir, out)
+    with _main_first(runtime):  # rank 0 writes the tokenizer cache, the others then read it
+        spec, train, ev, adv, tokenizer = _load_data(config, data_dir, out)
     config = override(config, {"model": {"vocab_size": tokenizer.vocab_size,
                                           "num_labels": spec.num_labels,
                                           "pad_id": tokenizer.pad_id,
@@ -278,10 +283,16 @@ def train_one(
             alignment, timings["phase_a_s"] = saved["alignment"], saved["time_s"]
         else:
             t0 = time.perf_counter()
+            # data-parallel: each process aligns on its shard (per-process n_examples and
+            # batch_size), statistics and gradients are all-reduced, the particles stay equal
+            distributed = runtime.world_size > 1
             alignment = align_features(
-                model, train_set, config.align,
+                model,
+                runtime.shard(train_set, strided=True, equal=True) if distributed else train_set,
+                config.align,
                 generator=torch.Generator().manual_seed(int(config.seed) + 7919),
-                device=runtime.device, progress=runtime.progress)
+                device=runtime.device, progress=runtime.progress and runtime.is_main,
+                reduce=runtime.all_reduce_sum if distributed else None)
             timings["phase_a_s"] = time.perf_counter() - t0
             if runtime.is_main:
                 a_dir.mkdir(parents=True, exist_ok=True)
@@ -442,10 +453,18 @@ def build_config(args: argparse.Namespace, base: dict | None = None) -> RunConfi
     return from_dict(RunConfig, merged)
 
 
+def _main_first(runtime):
+    main_first = getattr(runtime, "main_process_first", None)
+    return main_first() if main_first is not None else contextlib.nullcontext()
+
+
 def _setup(args) -> Runtime:
+    """Single-process runtime, or the torch.distributed one under torchrun."""
+    from ..train.distributed import init_distributed
+
     if args.threads is not None:
         torch.set_num_threads(check_positive("--threads", args.threads, integer=True))
-    return Runtime(progress=not args.no_progress)
+    return init_distributed(progress=not args.no_progress)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -454,10 +473,14 @@ def run(args: argparse.Namespace) -> int:
     runtime = _setup(args)
     out = args.out or (f"runs/train/{config.task}-{config.attention}-{config.kernel}-"
                        f"s{config.seed}")
-    metrics = train_one(config, out, data_dir=args.data_dir, resume=args.resume,
-                        runtime=runtime)
+    try:
+        metrics = train_one(config, out, data_dir=args.data_dir, resume=args.resume,
+                            runtime=runtime)
+    finally:
+        runtime.close()
     keys = ("accuracy", "mcc", "f1", "ece", "log_loss", "brier")
-    print(json.dumps({k: round(metrics[k], 4) for k in keys}))
+    if runtime.is_main:
+        print(json.dumps({k: round(metrics[k], 4) for k in keys}))
     if not all(math.isfinite(metrics[k]) for k in keys):
         raise FloatingPointError("non-finite metrics")
     return 0

@@ -197,9 +197,11 @@ class Runtime:
         """The module the loop calls for the forward pass (DDP wraps here)."""
         return model
 
-    def sampler(self, dataset: Dataset, generator: torch.Generator, epoch: int) -> Sampler:
-        """Order of one epoch (a distributed runtime returns a ``DistributedSampler``)."""
-        return RandomSampler(dataset, generator=generator)
+    def sampler(self, dataset: Dataset, generator: torch.Generator, epoch: int,
+                order: Sampler | None = None) -> Sampler:
+        """Order of one epoch: ``order`` (the global order of the epoch) or a random
+        permutation; a distributed runtime returns this process's share of it."""
+        return order if order is not None else RandomSampler(dataset, generator=generator)
 
     def barrier(self) -> None:
         """Synchronise processes (no-op here)."""
@@ -350,11 +352,15 @@ def fit(
         last = config.epochs if stop_after is None else min(stop_after, config.epochs)
         for epoch in range(start_epoch, last):
             t0 = time.perf_counter()
-            sampler = runtime.sampler(train_set, data_gen, epoch)
+            order = None
             if config.length_grouping > 1 and hasattr(train_set, "attention_mask"):
-                sampler = LengthGroupedSampler(sampler, train_set.attention_mask.sum(1),
-                                               config.batch_size, config.length_grouping,
-                                               data_gen)
+                # grouped on the global order and global batch, then dealt out to the
+                # processes: K processes run the one-process batches of K * batch_size
+                order = LengthGroupedSampler(RandomSampler(train_set, generator=data_gen),
+                                             train_set.attention_mask.sum(1),
+                                             config.batch_size * runtime.world_size,
+                                             config.length_grouping, data_gen)
+            sampler = runtime.sampler(train_set, data_gen, epoch, order=order)
             loader = DataLoader(train_set, batch_size=config.batch_size, sampler=sampler,
                                 collate_fn=collate)
             net.train()
