@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["from_dict", "to_dict", "override"]
+__all__ = ["from_dict", "to_dict", "override", "load_overrides"]
 
 
 def from_dict(cls: type[T], data: dict[str, Any] | None) -> T:
@@ -48,3 +50,21 @@ def override(obj: T, changes: dict[str, Any] | None) -> T:
         else:
             merged[key] = value
     return from_dict(type(obj), merged)
+
+
+def load_overrides(path: str | Path) -> dict[str, Any]:
+    """Read a JSON object of config overrides from ``path`` (a ``--config`` file).
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for
+    invalid JSON or a JSON value that is not an object.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"config file not found: {p}")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"config file {p} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {p} must hold a JSON object")
+    return data

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import override, to_dict
+from ..config import load_overrides, override, to_dict
 from .synthetic_tasks import TASKS, make_task
 
 __all__ = [
@@ -939,16 +939,7 @@ def resolve_config(args: argparse.Namespace) -> SyntheticConfig:
     if args.quick:
         cfg = override(cfg, QUICK)
     if args.config:
-        p = Path(args.config)
-        if not p.is_file():
-            raise FileNotFoundError(f"config file not found: {p}")
-        try:
-            data = json.loads(p.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"config file {p} is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"config file {p} must hold a JSON object")
-        cfg = override(cfg, data)
+        cfg = override(cfg, load_overrides(args.config))
     changes: dict = {}
     for flag, key in (("tasks", "tasks"), ("noise", "noise_levels"), ("budgets", "budgets"),
                       ("methods", "methods"), ("n_train", "n_train"), ("n_test", "n_test")):

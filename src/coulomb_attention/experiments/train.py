@@ -28,7 +28,7 @@ import torch
 
 from .. import metrics as M
 from .._validation import check_choice, check_nonnegative, check_positive
-from ..config import from_dict, override, to_dict
+from ..config import from_dict, load_overrides, override, to_dict
 from ..data import CORRUPTIONS, DATASETS, build_tokenizer, corrupt_tokens, load_task
 from ..data import resolve_data_dir as _resolve_data_dir
 from ..nn.attention import ATTENTION_FEATURES
@@ -418,15 +418,7 @@ def build_config(args: argparse.Namespace, base: dict | None = None) -> RunConfi
     """RunConfig from ``base`` (e.g. task/attention/kernel/seed), ``--config`` and flags."""
     merged: dict[str, Any] = {}
     if args.config:
-        path = Path(args.config)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
-        try:
-            merged = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-        if not isinstance(merged, dict):
-            raise ValueError(f"{path} must hold a JSON object")
+        merged = load_overrides(args.config)
     for key, value in (base or {}).items():
         merged[key] = value
     for name, (path_, _, _) in COMMON_FLAGS.items():
