@@ -790,9 +790,6 @@ def test_crafted_checkpoint_gives_clear_error(tmp_path):
                      r"safetensors|\.safetensors")
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a crafted pytorch_model.bin raises torch's "
-                   "UnpicklingError whose text advises re-running with weights_only=False "
-                   "(arbitrary code execution) and is not a user error at the CLI")
 def test_crafted_pretrained_bin_gives_clear_error(tmp_path):
     marker = tmp_path / "PWNED"
     name, load = _loaders(tmp_path, lambda p: p.write_bytes(_evil_pickle(marker)))[3]

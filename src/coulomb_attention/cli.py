@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "spread of learned kernels vs N and beta",
     ),
     "train": ("coulomb_attention.experiments.train", "train one Transformer classifier"),
+    "minilm": ("coulomb_attention.experiments.minilm",
+               "pretrained MiniLM with kernel attention: run / compare / timing"),
     "suite": ("coulomb_attention.experiments.suite", "every attention x kernel x task x seed"),
     "report": ("coulomb_attention.experiments.report", "Markdown report from a results dir"),
 }

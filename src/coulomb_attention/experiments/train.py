@@ -411,6 +411,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output directory (default runs/train/TASK-ATTENTION-KERNEL-sSEED)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the checkpoints in --out")
+    parser.add_argument("--encoder", default=None,
+                        help="fine-tune a pretrained encoder instead (minilm or a BERT "
+                             "checkpoint directory; --kernel may also be softmax_align); "
+                             "see docs/minilm.md")
     add_common_arguments(parser)
 
 
@@ -460,6 +464,10 @@ def _setup(args) -> Runtime:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "encoder", None):
+        from .minilm import run_from_train_args
+
+        return run_from_train_args(args)
     config = build_config(args, {"task": args.task, "attention": args.attention,
                                  "kernel": args.kernel, "seed": args.seed})
     runtime = _setup(args)

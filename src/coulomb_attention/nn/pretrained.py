@@ -31,6 +31,7 @@ import importlib
 import json
 import math
 import os
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,7 +174,12 @@ def load_bert_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor
 
         state = load_file(str(st), device="cpu")
     elif pt.is_file():
-        state = torch.load(str(pt), map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(str(pt), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"{pt}: refused to load: the file holds objects other than "
+                             "tensors (only weights_only=True loading is allowed); convert the "
+                             "checkpoint to model.safetensors") from exc
         if not isinstance(state, dict):
             raise ValueError(f"{pt}: expected a state dict, got {type(state).__name__}")
     else:
