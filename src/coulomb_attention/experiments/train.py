@@ -283,6 +283,16 @@ def train_one(
             alignment, timings["phase_a_s"] = saved["alignment"], saved["time_s"]
         else:
             t0 = time.perf_counter()
+            # a checkpoint after every aligned layer: a killed phase A resumes at the next layer
+            partial = _load_phase_a_partial(a_dir, model)
+            spent = partial.pop("time_s") if partial else 0.0
+
+            def on_layer_done(next_layer, records, generator_state):
+                if runtime.is_main:
+                    _save_phase_a_partial(a_dir, model, next_layer, records, generator_state,
+                                          spent + time.perf_counter() - t0)
+                runtime.barrier()
+
             # data-parallel: each process aligns on its shard (per-process n_examples and
             # batch_size), statistics and gradients are all-reduced, the particles stay equal
             distributed = runtime.world_size > 1
@@ -292,8 +302,9 @@ def train_one(
                 config.align,
                 generator=torch.Generator().manual_seed(int(config.seed) + 7919),
                 device=runtime.device, progress=runtime.progress and runtime.is_main,
-                reduce=runtime.all_reduce_sum if distributed else None)
-            timings["phase_a_s"] = time.perf_counter() - t0
+                reduce=runtime.all_reduce_sum if distributed else None,
+                on_layer_done=on_layer_done, resume=partial)
+            timings["phase_a_s"] = spent + time.perf_counter() - t0
             if runtime.is_main:
                 a_dir.mkdir(parents=True, exist_ok=True)
                 save_model_file(a_dir / "model.safetensors.tmp", model)
@@ -447,6 +458,44 @@ def build_config(args: argparse.Namespace, base: dict | None = None) -> RunConfi
         merged["model"] = override(merged["model"], {"attention": merged["attention"],
                                                      "tie_qk": None})
     return from_dict(RunConfig, merged)
+
+
+def _save_phase_a_partial(a_dir: Path, model, next_layer: int, records: list,
+                          generator_state: torch.Tensor, time_s: float) -> None:
+    """Phase-A checkpoint after a layer: ``a_dir/layer-NNN/`` then the pointer ``partial.json``.
+
+    The pointer is written last (atomically), so a kill at any point leaves either the
+    previous complete checkpoint or this one.
+    """
+    from safetensors.torch import save_file
+
+    d = a_dir / f"layer-{next_layer:03d}"
+    d.mkdir(parents=True, exist_ok=True)
+    save_model_file(d / "model.safetensors.tmp", model)
+    (d / "model.safetensors.tmp").replace(d / "model.safetensors")
+    save_file({"generator": generator_state.contiguous()}, str(d / "generator.safetensors.tmp"))
+    (d / "generator.safetensors.tmp").replace(d / "generator.safetensors")
+    atomic_write_json(a_dir / "partial.json", {"dir": d.name, "next_layer": next_layer,
+                                               "records": records, "time_s": time_s})
+
+
+def _load_phase_a_partial(a_dir: Path, model) -> dict[str, Any] | None:
+    """The last per-layer phase-A checkpoint (model loaded in place), or None."""
+    pointer = a_dir / "partial.json"
+    if not pointer.is_file():
+        return None
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        meta = json.loads(pointer.read_text())
+        d = a_dir / meta["dir"]
+        load_model_file(d / "model.safetensors", model)
+        state = load_file(str(d / "generator.safetensors"))["generator"]
+    except (json.JSONDecodeError, KeyError, TypeError, SafetensorError) as exc:
+        raise ValueError(f"{pointer}: corrupt phase-A checkpoint ({exc})") from exc
+    return {"next_layer": int(meta["next_layer"]), "records": meta["records"],
+            "generator_state": state, "time_s": float(meta["time_s"])}
 
 
 def _main_first(runtime):

@@ -179,6 +179,8 @@ def align_features(
     device: torch.device | str = "cpu",
     progress: bool = False,
     reduce=None,
+    on_layer_done=None,
+    resume: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Phase A: learn the particles of every attention layer that has them, in place.
 
@@ -195,6 +197,11 @@ def align_features(
     reduce : optional cross-process sum (``torch.distributed``): each process passes its
         shard of the data and the same-seeded generator; statistics and gradients are summed
         (see :func:`coulomb_attention.energy.alignment_value_and_grad`).
+    on_layer_done : optional ``callback(next_layer, records, generator_state)`` called after
+        every aligned layer (the model's ``omega`` buffers are already updated): a checkpoint.
+    resume : optional ``{"next_layer", "records", "generator_state"}`` from such a checkpoint
+        (with the model's earlier layers already loaded): layers before ``next_layer`` are
+        skipped and the run continues exactly as if it had not been interrupted.
 
     Returns
     -------
@@ -226,9 +233,14 @@ def align_features(
             out.append((inputs, y))
         return out
 
-    records = []
+    records: list[dict[str, Any]] = []
+    start = 0
+    if resume is not None:
+        records = [dict(r) for r in resume["records"]]
+        start = int(resume["next_layer"])
+        generator.set_state(resume["generator_state"])
     for li, layer in enumerate(model.attention_layers):
-        if not layer.has_features:
+        if li < start or not layer.has_features:
             continue
         t0 = time.perf_counter()
         fit_batches = with_targets(collect_queries(model, li, fit_set, config.batch_size, device))
@@ -298,4 +310,6 @@ def align_features(
         for r in records:
             if r["layer"] == li:
                 r["time_s"] = time.perf_counter() - t0
+        if on_layer_done is not None:
+            on_layer_done(li + 1, records, generator.get_state())
     return records
