@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from ..nn.functional import favor_attention
+from ..train.checkpoint import atomic_write_text
 
 PEAK_N = 1024  # float32 (PEAK_N, PEAK_N) @ (PEAK_N, PEAK_N): the matmul peak
 QUICK = {"lengths": [128, 512, 2048], "features": [64], "repeats": 2}
@@ -411,8 +412,8 @@ def _write(out_dir: Path, rows: list[dict], summary: dict) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out_dir / "table.md").write_text(markdown_table(rows, summary))
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
+    atomic_write_text(out_dir / "table.md", markdown_table(rows, summary))
     plot(rows, out_dir / "bench_attention.png")
 
 

@@ -58,6 +58,7 @@ from ..meanfield import (
     sample_density,
     w1_to_grid_density,
 )
+from ..train.checkpoint import atomic_write_text
 
 __all__ = ["add_arguments", "run", "plot"]
 
@@ -311,9 +312,9 @@ def run(args: argparse.Namespace) -> int:
     np.savez(out / "snapshots.npz", times=np.array(times),
              **{f"rho_t{i}": snaps[t].rho.numpy() for i, t in enumerate(times)}, **kept,
              v_grid=step.v_grid.numpy(), half_width=cfg["half_width"], n_max=n_max)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     table = _table(summary)
-    (out / "table.md").write_text(table)
+    atomic_write_text(out / "table.md", table)
     plot(out)
     print(table)
     print(f"wrote {out}/runs.jsonl, table.md, summary.json, densities.png, free_energy.png, "

@@ -50,7 +50,7 @@ from ..nn.pretrained import (
     load_pretrained_encoder,
     load_pretrained_tokenizer,
 )
-from ..train.checkpoint import atomic_write_json, save_model_file
+from ..train.checkpoint import atomic_write_json, atomic_write_text, save_model_file
 from ..train.loop import EncodedDataset, Runtime, TrainConfig, fit, predict_proba
 from ..train.phases import AlignConfig, align_features
 
@@ -347,7 +347,7 @@ def write_table(rows: list[dict[str, Any]], path: str | Path) -> str:
             f"{r['ece']:.4f} | {r['log_loss']:.4f} | {r['brier']:.4f} | {r['phase_a_s']:.0f} | "
             f"{r['phase_b_s']:.0f} | {r['ms_per_example']:.2f} |")
     text = "\n".join(lines) + "\n"
-    Path(path).write_text(text, encoding="utf-8")
+    atomic_write_text(path, text)
     return text
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import load_overrides, override, to_dict
+from ..train.checkpoint import atomic_write_text
 from .synthetic_tasks import TASKS, make_task
 
 __all__ = [
@@ -502,7 +503,7 @@ def write_summary(summary: list[dict], out: Path, cfg: SyntheticConfig) -> None:
             txt = [f"{s['acc_mean']:.3f} +- {s['acc_std']:.3f}" if s else "" for s in cells_m]
             lines.append(f"| {m} | " + " | ".join(txt) + " |")
         lines.append("")
-    (out / "summary.md").write_text("\n".join(lines))
+    atomic_write_text(out / "summary.md", "\n".join(lines))
 
 
 # ----------------------------------------------------------------------------- claims
@@ -995,8 +996,8 @@ def run(args: argparse.Namespace) -> int:
     md += (f"\nGrid wall time this invocation: {grid_s:.1f} s ({how}); "
            f"CPU time of all {len(rows)} rows: {cpu:.1f} s (load-independent cost; "
            f"/ 2 = wall time on an idle 2-core machine with --jobs 2).\n")
-    (out / "claims.md").write_text(md)
-    (out / "claims.json").write_text(json.dumps(res, indent=1, default=float))
+    atomic_write_text(out / "claims.md", md)
+    atomic_write_text(out / "claims.json", json.dumps(res, indent=1, default=float))
     if not args.no_plots:
         plot_accuracy(summary, out / "acc_vs_budget.png")
         plot_retained(res, out / "retained.png")
