@@ -220,7 +220,7 @@ DEFECT_CASES: list[tuple[str, list[str], str]] = [
 ]
 
 
-def _check(argv, pattern, tmp_path, capsys, case=None, max_s=20.0):
+def _assert_cli_error(argv, pattern, tmp_path, capsys, case=None, max_s=20.0):
     _prepare(tmp_path)
     argv = _fill(argv, tmp_path)
     case = case or " ".join(a.replace(str(tmp_path), "TMP") for a in argv if a != "--out"
@@ -242,7 +242,7 @@ def _check(argv, pattern, tmp_path, capsys, case=None, max_s=20.0):
 
 @pytest.mark.parametrize("argv,pattern", CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_cli_bad_input_exits_2_with_one_line(argv, pattern, tmp_path, capsys):
-    _check(argv, pattern, tmp_path, capsys)
+    _assert_cli_error(argv, pattern, tmp_path, capsys)
 
 
 @pytest.mark.parametrize(
@@ -250,11 +250,11 @@ def test_cli_bad_input_exits_2_with_one_line(argv, pattern, tmp_path, capsys):
     [pytest.param(*c, id=c[0]) for c in DEFECT_CASES],
 )
 def test_cli_former_defects(case, argv, pattern, tmp_path, capsys):
-    _check(argv, pattern, tmp_path, capsys, case=case)
+    _assert_cli_error(argv, pattern, tmp_path, capsys, case=case)
 
 
 def test_synthetic_rejects_bad_particle_args_before_running(tmp_path, capsys):
-    _check(["synthetic", "--quick", "--tasks", "xor", "--methods", "rff", "particles",
+    _assert_cli_error(["synthetic", "--quick", "--tasks", "xor", "--methods", "rff", "particles",
             "--budgets", "16", "--seeds", "1", "--particle-steps", "0"],
            r"n_steps must be a positive integer, got 0", tmp_path, capsys,
            case="synthetic --particle-steps 0", max_s=10.0)
@@ -274,8 +274,8 @@ def test_meanfield_rejects_grid_zero(tmp_path, capsys, monkeypatch):
         raise ValueError("reached _setup: --grid 0 was not rejected")
 
     monkeypatch.setattr(meanfield, "_setup", stop)
-    _check(["meanfield", "--grid", "0"], r"--grid must be a positive integer, got 0", tmp_path,
-           capsys, case="meanfield --grid 0")
+    _assert_cli_error(["meanfield", "--grid", "0"], r"--grid must be a positive integer, got 0",
+                      tmp_path, capsys, case="meanfield --grid 0")
     assert not ran
 
 

@@ -39,6 +39,7 @@ FAST = [
 
 @parametrize_with_checks(FAST)
 def test_sklearn_compatible(estimator, check):
+    """Each sklearn estimator check raises AssertionError/ValueError on a contract violation."""
     check(estimator)
 
 

@@ -67,7 +67,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:220]
 
 
-def expect_error(kind, case, fn, exc_types, pattern):
+def assert_user_error(kind, case, fn, exc_types, pattern):
     """Call ``fn``; it must raise one of ``exc_types`` whose message matches ``pattern``."""
     import re
 
@@ -266,25 +266,25 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("case,fn,pattern", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
 def test_bad_input_public_api(case, fn, pattern):
-    expect_error("api", case, fn, USER_ERRORS, pattern)
+    assert_user_error("api", case, fn, USER_ERRORS, pattern)
 
 
 # Defects: each test shows the bad input and the error a user should get.
 
 
 def test_kernel_attention_integer_input_is_type_error():
-    expect_error("api", "KernelAttention x int64", lambda: _ka()(torch.ones(2, 3, 8,
+    assert_user_error("api", "KernelAttention x int64", lambda: _ka()(torch.ones(2, 3, 8,
                                                                            dtype=torch.long)),
                  (TypeError,), "floating")
 
 
 def test_encode_labels_rejects_nan():
-    expect_error("api", "energy.encode_labels with NaN",
+    assert_user_error("api", "energy.encode_labels with NaN",
                  lambda: energy.encode_labels(np.array([0.0, 1.0, np.nan])), USER_ERRORS, "NaN")
 
 
 def test_encode_labels_rejects_label_outside_classes():
-    expect_error("api", "energy.encode_labels label 5 not in classes [0, 1]",
+    assert_user_error("api", "energy.encode_labels label 5 not in classes [0, 1]",
                  lambda: energy.encode_labels(np.array([0, 1, 5]), np.array([0, 1])),
                  USER_ERRORS, "5")
 
@@ -328,7 +328,7 @@ def test_corrupt_data_files_name_file_and_line(tmp_path, case, lines, pattern):
         path.write_bytes(data[: len(data) // 2])
     else:
         _write_gz(path, lines)
-    expect_error("data file", case, lambda: load_task("sst2", "train", tmp_path), USER_ERRORS,
+    assert_user_error("data file", case, lambda: load_task("sst2", "train", tmp_path), USER_ERRORS,
                  pattern)
 
 
@@ -786,14 +786,14 @@ def test_crafted_pickle_is_never_executed(tmp_path, fmt):
 def test_crafted_checkpoint_gives_clear_error(tmp_path):
     marker = tmp_path / "PWNED"
     for name, load in _loaders(tmp_path, lambda p: p.write_bytes(_evil_pickle(marker)))[:3]:
-        expect_error("untrusted file", f"clear error: {name}", load, (ValueError,),
+        assert_user_error("untrusted file", f"clear error: {name}", load, (ValueError,),
                      r"safetensors|\.safetensors")
 
 
 def test_crafted_pretrained_bin_gives_clear_error(tmp_path):
     marker = tmp_path / "PWNED"
     name, load = _loaders(tmp_path, lambda p: p.write_bytes(_evil_pickle(marker)))[3]
-    exc = expect_error("untrusted file", f"clear error: {name}", load, (ValueError,),
+    exc = assert_user_error("untrusted file", f"clear error: {name}", load, (ValueError,),
                        "pytorch_model.bin")
     assert "weights_only=False" not in str(exc)
 
@@ -802,7 +802,7 @@ def test_corrupt_checkpoint_json_names_the_file(tmp_path):
     root = tmp_path / "ckpt"
     ckpt.save_checkpoint(root, "epoch-001", _tiny_model("elu"), {"epoch": 1})
     (root / "latest.json").write_text('{"name": "epo')  # torn write by an older tool
-    expect_error("crash", "truncated latest.json", lambda: ckpt.latest_checkpoint(root),
+    assert_user_error("crash", "truncated latest.json", lambda: ckpt.latest_checkpoint(root),
                  USER_ERRORS, "latest.json")
 
 
