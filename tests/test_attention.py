@@ -93,6 +93,62 @@ def test_fused_favor_matches_naive(groups, chunk):
         assert rel_err(a, b) < 1e-10
 
 
+def _forbid(monkeypatch, *names):
+    def fail(*args, **kwargs):
+        raise AssertionError("the exact path ran where the fast path should")
+
+    for name in names:
+        monkeypatch.setattr(AF, name, fail)
+
+
+def test_fused_favor_takes_the_fast_path_at_ordinary_norms(monkeypatch):
+    """Attention-scale inputs (|q|, |k| ~ d^1/4) never need the exact fallback."""
+    _forbid(monkeypatch, "_key_pass_exact", "_query_features_exact")
+    d = 16
+    q, k, v = _qkv(B=2, H=2, T=300, S=300, d=d, e=4, dtype=torch.float32)
+    omega = features.orthogonal(64, d, generator=_gen(3))[None]
+    mask = _mask(2, 300, [300, 77])
+    out = AF.favor_attention(q, k, v, omega, mask, chunk_size=64)
+    ref = AF.naive_favor_attention(q, k, v, omega, mask)
+    assert rel_err(out, ref) < 1e-5
+    for a, b in zip(_grads(out, (q, k, v)), _grads(ref, (q, k, v)), strict=True):
+        assert rel_err(a, b) < 1e-4
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_fused_favor_exact_path_matches_naive(monkeypatch, groups):
+    """With the underflow threshold at infinity every chunk takes the exact path."""
+    monkeypatch.setattr(AF, "_UNDERFLOW", math.inf)
+    calls = []
+    for name in ("_key_pass_exact", "_query_features_exact"):
+        fn = getattr(AF, name)
+        monkeypatch.setattr(AF, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+    q, k, v = _qkv(seed=7)
+    omega = torch.randn(groups, 16, 8, generator=_gen(5), dtype=torch.float64)
+    omega.requires_grad_()
+    mask = _mask(2, 13, [13, 5])
+    fast = AF.favor_attention(q, k, v, omega, mask, chunk_size=4)
+    slow = AF.naive_favor_attention(q, k, v, omega, mask)
+    assert {"_key_pass_exact", "_query_features_exact"} <= set(calls)
+    assert rel_err(fast, slow) < 1e-12
+    for a, b in zip(_grads(fast, (q, k, v, omega)), _grads(slow, (q, k, v, omega)), strict=True):
+        assert rel_err(a, b) < 1e-10
+
+
+def test_fused_favor_mixes_fast_and_exact_chunks():
+    """Some query rows far from every particle take the exact row shift, the others not."""
+    q, k, v = _qkv(B=1, H=2, T=40, S=30, d=8, e=3, seed=11)
+    with torch.no_grad():
+        q[:, :, 20:] *= 40.0  # rows 20..39: every fast-path feature underflows
+    omega = torch.randn(1, 16, 8, generator=_gen(6), dtype=torch.float64)
+    fast = AF.favor_attention(q, k, v, omega, chunk_size=8)
+    slow = AF.naive_favor_attention(q, k, v, omega)
+    assert torch.isfinite(fast).all()
+    assert rel_err(fast, slow) < 1e-10
+    for a, b in zip(_grads(fast, (q, k, v)), _grads(slow, (q, k, v)), strict=True):
+        assert rel_err(a, b) < 1e-8
+
+
 def test_fused_favor_gradcheck():
     q, k, v = _qkv(B=1, H=1, T=4, S=5, d=3, e=2)
     omega = torch.randn(1, 4, 3, generator=_gen(2), dtype=torch.float64, requires_grad=True)

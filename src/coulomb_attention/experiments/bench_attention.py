@@ -18,11 +18,14 @@ forward ``2 B H [(T + S) M d + (T + S) M (e + 1)]`` (features, key-value product
 with normaliser), softmax ``2 B H T S (d + e)``; forward+backward = 3 x forward.
 
 Peak memory: the rise of the process's peak resident set size (``VmHWM``, reset through
-``/proc/self/clear_refs``) during the first (warm-up) forward+backward call, above the
-resident size before it; it counts every allocation of that call, inputs excluded (torch's
-CPU allocator keeps no statistics). On glibc the benchmark fixes the mmap threshold at 64 KiB
-so that freed tensors leave the resident set at once.
-Where ``/proc`` is not available it is reported as NaN.
+``/proc/self/clear_refs``) during one forward+backward call, above the resident size before
+it; it counts every allocation of that call, inputs excluded (torch's CPU allocator keeps no
+statistics). Memory is measured in a second pass after all the timings: on glibc that pass
+fixes the mmap threshold at 64 KiB so that freed tensors leave the resident set at once. The
+timings run before it, under the allocator's defaults: with the 64 KiB threshold every
+temporary of 64 KiB or more would be a fresh mmap, page-faulted on every call, which slows
+methods that allocate many mid-size temporaries (the chunked FAVOR+ 2-3x at L = 16384) and
+is not how anyone runs them. Where ``/proc`` is not available memory is reported as NaN.
 """
 
 from __future__ import annotations
@@ -96,8 +99,20 @@ def _proc_status() -> dict[str, int] | None:
     return out
 
 
+def _malloc_trim() -> None:
+    """glibc: give the free heap pages back to the OS (no-op elsewhere), so that memory freed
+    earlier and reused by ``fn`` counts in the peak RSS rise."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _peak_bytes(fn) -> float:
     """Rise of the peak RSS during ``fn()`` above the RSS before it (NaN if unavailable)."""
+    _malloc_trim()
     try:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     except OSError:
@@ -203,15 +218,14 @@ def _forward_backward(fn, q, k, v):
     return call
 
 
-def _time_all(calls: dict, repeats: int, budget: float) -> tuple[dict, dict]:
-    """Interleaved timing: one warm-up call each (its peak memory is recorded), then
-    ``repeats`` rounds over all calls; a call whose warm-up exceeds ``budget`` s runs once."""
+def _time_all(calls: dict, repeats: int, budget: float) -> dict:
+    """Interleaved timing: one warm-up call each, then ``repeats`` rounds over all calls; a
+    call whose warm-up exceeds ``budget`` s runs once."""
     times: dict = {}
-    mems: dict = {}
     n_rep = {}
     for name, fn in calls.items():
         t = time.perf_counter()
-        mems[name] = _peak_bytes(fn)
+        fn()
         first = time.perf_counter() - t
         n_rep[name] = 1 if first > budget else repeats
         times[name] = []
@@ -222,7 +236,7 @@ def _time_all(calls: dict, repeats: int, budget: float) -> tuple[dict, dict]:
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
-    return times, mems
+    return times
 
 
 # --------------------------------------------------------------------------- run
@@ -244,7 +258,6 @@ def run(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
 
     torch.set_num_threads(threads)
-    exact_rss = _return_freed_memory()
     B, H, d = args.batch, args.heads, args.head_dim
     load_start = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
     n_peak = args.peak_size
@@ -270,10 +283,9 @@ def run(args: argparse.Namespace) -> int:
         for name, (_, fn) in methods.items():
             calls[(name, "fwd")] = _forward(fn, q, k, v)
             calls[(name, "fwdbwd")] = _forward_backward(fn, q, k, v)
-        times, mems = _time_all(calls, repeats, args.budget)
+        times = _time_all(calls, repeats, args.budget)
         peak_l = 2.0 * n_peak**3 / statistics.median(times[("matmul_peak", "fwd")]) / 1e9
         for name, (M, _) in methods.items():
-            mem = mems[(name, "fwdbwd")]
             f_fwd = (softmax_flops(B, H, L, L, d, d) if M is None
                      else linear_flops(B, H, L, L, M, d, d))
             t_f = statistics.median(times[(name, "fwd")])
@@ -281,8 +293,8 @@ def run(args: argparse.Namespace) -> int:
             row = {
                 "method": name.split("/")[0], "n_features": M, "L": L, "B": B, "H": H, "d": d,
                 "threads": threads, "repeats": len(times[(name, "fwd")]),
-                "repeats_fwdbwd": len(times[(name, "fwdbwd")]),
-                "fwd_s": t_f, "fwdbwd_s": t_fb, "peak_mem_mb": mem / 2**20,
+                "repeats_fwdbwd": len(times[(name, "fwdbwd")]), "name": name,
+                "fwd_s": t_f, "fwdbwd_s": t_fb,
                 "gflops_fwd": f_fwd / t_f / 1e9, "gflops_fwdbwd": 3 * f_fwd / t_fb / 1e9,
             }
             row["matmul_peak_gflops"] = peak_l
@@ -291,8 +303,17 @@ def run(args: argparse.Namespace) -> int:
             row["frac_best_peak_fwd"] = row["gflops_fwd"] / peak0["best"]
             rows.append(row)
             print(f"L={L:6d} {name:22s} fwd {t_f * 1e3:9.2f} ms  fwd+bwd {t_fb * 1e3:9.2f} ms  "
-                  f"peak {row['peak_mem_mb']:8.1f} MB  {row['gflops_fwd']:6.1f} GFLOP/s "
-                  f"({100 * row['frac_peak_fwd']:.0f}% of peak)", flush=True)
+                  f"{row['gflops_fwd']:6.1f} GFLOP/s ({100 * row['frac_peak_fwd']:.0f}% of peak)",
+                  flush=True)
+    # Second pass, after every timing: peak memory of one forward+backward per (L, method).
+    exact_rss = _return_freed_memory()
+    for L in lengths:
+        q, k, v = (torch.randn(B, H, L, d, generator=gen).requires_grad_() for _ in range(3))
+        for row in (r for r in rows if r["L"] == L):
+            fn = methods[row.pop("name")][1]
+            row["peak_mem_mb"] = _peak_bytes(_forward_backward(fn, q, k, v)) / 2**20
+            print(f"L={L:6d} {row['method']:12s} M={row['n_features']}: peak memory "
+                  f"{row['peak_mem_mb']:8.1f} MB", flush=True)
     peak1 = matmul_peak_gflops(n_peak)
     load_end = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
 
@@ -307,8 +328,9 @@ def run(args: argparse.Namespace) -> int:
         "load_average_end": list(load_end), "wall_s": time.perf_counter() - t_start,
         "performer": FastAttention is not None,
         "memory_method": "peak RSS rise (VmHWM after reset via /proc/self/clear_refs, minus "
-                         "VmRSS before) over the first forward+backward call; glibc mmap "
-                         f"threshold fixed at 64 KiB: {exact_rss}",
+                         "VmRSS before) over one forward+backward call, in a second pass after "
+                         "all timings (which run under the allocator's defaults); glibc mmap "
+                         f"threshold fixed at 64 KiB for that pass: {exact_rss}",
         "flop_model": "forward linear 2BH[(T+S)Md + (T+S)M(e+1)], softmax 2BHTS(d+e); "
                       "forward+backward = 3 x forward",
         "targets": targets(rows),
