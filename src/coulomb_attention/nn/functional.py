@@ -284,6 +284,9 @@ _NEG = -1e30
 # path: the largest term is then above 2**-68, so terms lost to underflow (< 1.2e-38) change
 # the result by less than 1e-15 relative; above it the fast path is as accurate as the exact.
 _UNDERFLOW = 2.0**-60
+# The fast path scales its matmul weights by log2(e) and takes exp2: exp(x) = 2**(x log2 e)
+# costs nothing in the matmul, and torch's exp2 is 2-3x faster than exp on CPU (measured).
+_LOG2E = 1.0 / math.log(2.0)
 
 
 def _augment(x, *cols):
@@ -384,10 +387,10 @@ def _key_pass_fast(keys, vals, half_k, rk, w, key_mask, chunk):
     wn = torch.linalg.vector_norm(w, dim=-1)  # (M,)
     rs = torch.minimum(torch.maximum(wn, r_min), r_max)  # (G, M)
     c = rs * wn - 0.5 * rs * rs
-    wk = _augment(w.expand(G, *w.shape), 1.0, -c).transpose(1, 2)  # (G, d + 2, M)
+    wk = _augment(w.expand(G, *w.shape), 1.0, -c).mul_(_LOG2E).transpose(1, 2)
     kv1 = w.new_zeros(G, M, vals.buf.shape[-1])
     for s0, s1 in _chunks(S, chunk):
-        f = torch.bmm(keys(s0, s1, [(0, half_k[:, s0:s1])]), wk).exp_()  # (G, c, M), <= 1
+        f = torch.bmm(keys(s0, s1, [(0, half_k[:, s0:s1])]), wk).exp2_()  # (G, c, M), <= 1
         kv1.baddbmm_(f.transpose(1, 2), vals(s0, s1))
     ksum = kv1[..., -1]  # (G, M)
     if not bool((ksum >= _UNDERFLOW).all()):
@@ -416,23 +419,24 @@ def _query_shift_bound(rq, w, lse, knots: int = 16):
 
 
 def _query_weights(w, lse):
-    """``[w, lse, 1]^T`` per group (G, d + 2, M), ``-inf`` lse (no real key) as ``_NEG``: with
-    ``[q, 1, -s_t]`` the matmul gives ``q . w_m + lse_m - s_t``."""
+    """``log2(e) [w, lse, 1]^T`` per group (G, d + 2, M), ``-inf`` lse (no real key) as
+    ``_NEG``: with ``[q, 1, -s_t]`` the matmul gives ``log2(e) (q . w_m + lse_m - s_t)``, whose
+    ``exp2`` is the query feature times the key normaliser."""
     G, M = lse.shape
     wq = w.new_empty(G, M, w.shape[1] + 2)
     wq[..., :-2] = w
     wq[..., -2] = torch.where(torch.isfinite(lse), lse, _NEG)
     wq[..., -1] = 1.0
-    return wq.transpose(1, 2)
+    return wq.mul_(_LOG2E).transpose(1, 2)
 
 
 def _query_features_exact(q_c, wq):
     """Exact-path query features ``exp(q . w_m + lse_m - s_t)`` with the row max as shift (0
     for a row without any real key), so the largest feature of a row is 1. Returns (p, s)."""
-    a = torch.bmm(_augment(q_c, 1.0, 0.0), wq)  # (G, c, M)
+    a = torch.bmm(_augment(q_c, 1.0, 0.0), wq)  # (G, c, M), log2 units
     top = a.amax(-1)  # (G, c)
     top = torch.where(top > 0.5 * _NEG, top, 0.0)
-    return a.sub_(top.unsqueeze(-1)).exp_(), top
+    return a.sub_(top.unsqueeze(-1)).exp2_(), top / _LOG2E
 
 
 class _FavorFn(torch.autograd.Function):
@@ -449,7 +453,7 @@ class _FavorFn(torch.autograd.Function):
     Fast path (the usual case): shifts bounded by Cauchy-Schwarz (:func:`_key_pass_fast`,
     :func:`_query_shift_bound`), so every exponent is <= 0 (no overflow at any norm) and comes
     out of one matmul of augmented rows (``[k, -|k|^2/2, 1]``, ``[q, 1, -s_t]``, built per
-    chunk); each (chunk, M) block then costs one ``exp_`` and one matmul with ``[v, 1]`` or
+    chunk); each (chunk, M) block then costs one ``exp2_`` (the weights carry ``log2 e``) and one matmul with ``[v, 1]`` or
     ``[kv_hat, 1]`` (numerator and normaliser together), with no other pass over it. Where a
     sum of features would underflow (keys or queries far from every particle, large norms)
     the exact path takes over: an online max over keys per feature, the row max for queries.
@@ -478,7 +482,7 @@ class _FavorFn(torch.autograd.Function):
         out = v.new_empty(G, T, e)
         den = v.new_empty(G, T, 1)
         for t0, t1 in _chunks(T, chunk):
-            p = torch.bmm(queries(t0, t1, [(1, -shift[:, t0:t1])]), wq).exp_()  # exps <= 0
+            p = torch.bmm(queries(t0, t1, [(1, -shift[:, t0:t1])]), wq).exp2_()  # exps <= 0
             n = torch.bmm(p, kv1)  # (G, c, e + 1)
             torch.div(n[..., :-1], n[..., -1:], out=out[:, t0:t1])
             den[:, t0:t1] = n[..., -1:]
@@ -509,7 +513,7 @@ class _FavorFn(torch.autograd.Function):
         dw = torch.zeros_like(w) if need_w else None
         queries = _Rows(q, chunk, [1.0, None])
         for t0, t1 in _chunks(T, chunk):
-            p = torch.bmm(queries(t0, t1, [(1, -shift[:, t0:t1])]), wq).exp_()  # as forward
+            p = torch.bmm(queries(t0, t1, [(1, -shift[:, t0:t1])]), wq).exp2_()  # as forward
             # d out / d n: numerator g/den, normaliser -(g . out)/den.
             dn = g[:, t0:t1] * inv_den[:, t0:t1]  # (G, c, e)
             dn1 = torch.cat([dn, -(dn * out[:, t0:t1]).sum(-1, keepdim=True)], -1)
@@ -527,14 +531,14 @@ class _FavorFn(torch.autograd.Function):
         if need_k or need_v or need_w:
             # Softmax over keys per feature, exp(a_sm - lse_m): [k, -|k|^2/2, 1] times
             # [w, 1, -lse]; a feature without real keys (lse = -inf) gives 0.
-            wk = _augment(w.expand(G, *w.shape), 1.0,
-                          torch.where(torch.isfinite(lse), -lse, -_NEG)).transpose(1, 2)
+            wk = _augment(w.expand(G, *w.shape), 1.0, torch.where(
+                torch.isfinite(lse), -lse, -_NEG)).mul_(_LOG2E).transpose(1, 2)
             dkv = dkv1[..., :-1]
             w1 = _augment(w, 1.0)  # [w, 1]: da @ w1 = [da @ w, rowsum(da)]
             keys = _Rows(k, chunk, [None, 1.0], key_mask)
             vals = _Rows(v, chunk, [1.0])
             for s0, s1 in _chunks(S, chunk):
-                r = torch.bmm(keys(s0, s1, [(0, half_k[:, s0:s1])]), wk).exp_()  # (G, c, M)
+                r = torch.bmm(keys(s0, s1, [(0, half_k[:, s0:s1])]), wk).exp2_()  # (G, c, M)
                 if need_v:
                     dv[:, s0:s1] = torch.bmm(r, dkv)
                 if need_k or need_w:
