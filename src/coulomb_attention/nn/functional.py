@@ -15,7 +15,9 @@ Shapes: ``B`` batch, ``H`` heads, ``T`` queries, ``S`` keys, ``d`` head dim of q
 Numerics: features and normalisers are computed in float32 (float64 stays float64) with
 autocast switched off inside the ops; the output is cast back to the dtype of ``v``.
 FAVOR+ features ``exp(w . x - |x|^2/2)`` are stabilised by shifts that cancel in the
-attention ratio: one per query row (the row max) and one per (batch, head) over the real keys.
+attention ratio: in :func:`favor_features` one per query row (the row max) and one per
+(batch, head) over the real keys; in the fused path upper bounds from Cauchy-Schwarz (no pass
+over the features), with an exact fallback where a sum would underflow (see :class:`_FavorFn`).
 Padded keys contribute exactly zero.
 """
 
@@ -453,10 +455,11 @@ class _FavorFn(torch.autograd.Function):
     Fast path (the usual case): shifts bounded by Cauchy-Schwarz (:func:`_key_pass_fast`,
     :func:`_query_shift_bound`), so every exponent is <= 0 (no overflow at any norm) and comes
     out of one matmul of augmented rows (``[k, -|k|^2/2, 1]``, ``[q, 1, -s_t]``, built per
-    chunk); each (chunk, M) block then costs one ``exp2_`` (the weights carry ``log2 e``) and one matmul with ``[v, 1]`` or
-    ``[kv_hat, 1]`` (numerator and normaliser together), with no other pass over it. Where a
-    sum of features would underflow (keys or queries far from every particle, large norms)
-    the exact path takes over: an online max over keys per feature, the row max for queries.
+    chunk); each (chunk, M) block then costs one ``exp2_`` (the weights carry ``log2 e``)
+    and one matmul with ``[v, 1]`` or ``[kv_hat, 1]`` (numerator and normaliser together),
+    with no other pass over it. Where a sum of features would underflow (keys or queries far
+    from every particle, large norms) the exact path takes over: an online max over keys per
+    feature, the row max for queries.
 
     Backward recomputes the features chunk by chunk in the same normalised form (derivative of
     ``features.log_positive``, ``d/dx (x . w_m - |x|^2/2) = w_m - x``; the shifts are
