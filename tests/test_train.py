@@ -240,3 +240,34 @@ def test_suite_skips_finished_runs_and_report_builds(tmp_path):
         assert (out / "plots" / f"rotten_tomatoes_{name}.png").stat().st_size > 1000
     m, lo, hi, n = report.paired_difference([0.8, 0.9, 0.85], [0.7, 0.8, 0.8])
     assert n == 3 and m == pytest.approx(0.0833333) and lo < m < hi
+
+
+def _run(acc, ece, seed, loss=0.5):
+    return {"seed": seed, "accuracy": acc, "mcc": 2 * acc - 1, "ece": ece, "log_loss": loss,
+            "brier": loss / 2}
+
+
+def test_report_target_lines_say_where_targets_hold_and_where_not():
+    variants = {
+        "softmax-vanilla": [_run(0.84, 0.08, s) for s in range(3)],
+        "favor-vanilla": [_run(0.80 + 0.001 * s, 0.10, s) for s in range(3)],
+        # learned: +3.5 points every seed (significant), ECE lower but noisy
+        "favor-learned": [_run(0.835 + 0.001 * s, e, s) for s, e in enumerate((0.05, 0.12, 0.06))],
+        "porf_softplus-learned": [_run(0.70, 0.2, 0)],  # no vanilla twin
+    }
+    text = "\n".join(report.target_lines("sst2", variants))
+    assert "favor-learned vs favor-vanilla (3 seeds): accuracy ahead (significant)" in text
+    assert "ece ahead (within noise)" in text
+    assert "porf_softplus-learned vs porf_softplus-vanilla: no common seeds" in text
+    # best learned 0.836 vs softmax 0.84: -0.4 points, within 1 point; ECE 0.0767 < 0.08.
+    assert "best learned variant favor-learned: accuracy -0.40 points" in text
+    assert "(within 1 point), ECE -0.0033 (ahead of softmax)" in text
+    assert "absolute target accuracy >= 0.83: best mean 0.8400 (softmax-vanilla): met" in text
+    worse = {"softmax-vanilla": [_run(0.84, 0.08, 0)], "favor-learned": [_run(0.81, 0.09, 0)],
+             "favor-vanilla": [_run(0.82, 0.07, 0)]}
+    text = "\n".join(report.target_lines("rotten_tomatoes", worse))
+    assert "accuracy behind (one pair)" in text and "ece behind (one pair)" in text
+    assert "NOT within 1 point" in text and "NOT ahead of softmax" in text
+    assert "best mean 0.8400 (softmax-vanilla): met" in text
+    assert "NOT met" in "\n".join(report.target_lines(
+        "sst2", {"favor-vanilla": [_run(0.8, 0.1, 0)]}))
