@@ -269,5 +269,7 @@ def test_report_target_lines_say_where_targets_hold_and_where_not():
     assert "accuracy behind (one pair)" in text and "ece behind (one pair)" in text
     assert "NOT within 1 point" in text and "NOT ahead of softmax" in text
     assert "best mean 0.8400 (softmax-vanilla): met" in text
-    assert "NOT met" in "\n".join(report.target_lines(
-        "sst2", {"favor-vanilla": [_run(0.8, 0.1, 0)]}))
+    text = "\n".join(report.target_lines("sst2", {"favor-vanilla": [_run(0.8, 0.1, 0)]}))
+    assert "NOT met" in text and "no learned variant" in text
+    assert "QQP target, best learned ahead of softmax in accuracy: NOT met" in "\n".join(
+        report.target_lines("qqp", worse))

@@ -259,8 +259,13 @@ def target_lines(task: str, variants: dict[str, list[dict]]) -> list[str]:
             f"- best learned variant {best}: accuracy {gap * 100:+.2f} points against softmax "
             f"({'within' if gap >= -0.01 else 'NOT within'} 1 point), ECE {dece:+.4f} "
             f"({'ahead' if dece < 0 else 'NOT ahead'} of softmax)")
+        if task == "qqp":  # the QQP target: ahead of the same-size softmax model
+            lines.append(f"- QQP target, best learned ahead of softmax in accuracy: "
+                         f"{'met' if gap > 0 else 'NOT met'}")
     elif learned:
         lines.append("- no softmax-vanilla runs: the comparison with softmax is not measured")
+    if not learned:
+        lines.append("- no learned variant among these runs")
     if task in ACCURACY_TARGETS and variants:
         goal = ACCURACY_TARGETS[task]
         best_any = max(variants, key=lambda n: mean(n, "accuracy"))
