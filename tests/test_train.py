@@ -236,6 +236,7 @@ def test_suite_skips_finished_runs_and_report_builds(tmp_path):
     path = report.build_report(out)
     text = path.read_text()
     assert "| favor-learned | 1 |" in text and "| favor | 1 |" in text
+    assert "Wall time: 2 run(s)" in text and "one seed of these 2 variant(s)" in text
     for name in ("reliability", "accuracy_ece", "robustness"):
         assert (out / "plots" / f"rotten_tomatoes_{name}.png").stat().st_size > 1000
     m, lo, hi, n = report.paired_difference([0.8, 0.9, 0.85], [0.7, 0.8, 0.8])

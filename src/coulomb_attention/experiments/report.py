@@ -305,6 +305,13 @@ def build_report(results: str | Path, plots: bool = True) -> Path:
             for col, fn in COLUMNS.items():
                 cells.append(_fmt([fn(r) for r in runs], 1 if col == "wall_s" else 4))
             lines.append("| " + " | ".join(cells) + " |")
+        walls = [_wall(r) for runs in variants.values() for r in runs]
+        walls = [w for w in walls if not math.isnan(w)]
+        if walls:
+            per_seed = sum(float(np.mean([_wall(r) for r in runs])) for runs in variants.values())
+            lines += ["", f"Wall time: {len(walls)} run(s), {sum(walls) / 60:.1f} min in all "
+                          f"(stages summed over resumes); one seed of these {len(variants)} "
+                          f"variant(s) takes {per_seed / 60:.1f} min in one process."]
         lines += ["", "Paired differences learned - vanilla (same seeds), mean [95% t-interval]:",
                   ""]
         diff_cols = ("accuracy", "mcc", "ece", "log_loss", "brier", "robust_acc", "advglue_acc")
