@@ -488,7 +488,7 @@ class _FavorFn(torch.autograd.Function):
         for t0, t1 in _chunks(T, chunk):
             p = torch.bmm(queries(t0, t1, [(1, -shift[:, t0:t1])]), wq).exp2_()  # exps <= 0
             den_c = p.sum(-1, keepdim=True)  # (width 64 + a sum: faster than width 65)
-            torch.div(torch.bmm(p, kv_hat), den_c, out=out[:, t0:t1])
+            torch.bmm(p, kv_hat, out=out[:, t0:t1]).div_(den_c)
             den[:, t0:t1] = den_c
         # Rows whose normaliser is tiny (or 0): the exact row shift, chunk by chunk.
         for t0, t1 in _chunks(T, chunk):
