@@ -457,11 +457,10 @@ class _FavorFn(torch.autograd.Function):
     Fast path (the usual case): shifts bounded by Cauchy-Schwarz (:func:`_key_pass_fast`,
     :func:`_query_shift_bound`), so every exponent is <= 0 (no overflow at any norm) and comes
     out of one matmul of augmented rows (``[k, -|k|^2/2, 1]``, ``[q, 1, -s_t]``, built per
-    chunk); each (chunk, M) block then costs one ``exp2_`` (the weights carry ``log2 e``)
-    and one matmul with ``[v, 1]`` or ``[kv_hat, 1]`` (numerator and normaliser together),
-    with no other pass over it. Where a sum of features would underflow (keys or queries far
-    from every particle, large norms) the exact path takes over: an online max over keys per
-    feature, the row max for queries.
+    chunk); each (chunk, M) block then costs one ``exp2_`` (the weights carry ``log2 e``),
+    one matmul with ``v`` or ``kv_hat`` (the numerator) and one sum (the normaliser). Where a
+    sum of features would underflow (keys or queries far from every particle, large norms)
+    the exact path takes over: an online max over keys per feature, the row max for queries.
 
     Backward recomputes the features chunk by chunk in the same normalised form (derivative of
     ``features.log_positive``, ``d/dx (x . w_m - |x|^2/2) = w_m - x``; the shifts are
