@@ -208,6 +208,18 @@ ACCURACY_TARGETS = {"sst2": 0.83, "rotten_tomatoes": 0.76}
 LOWER_IS_BETTER = {"ece", "log_loss", "brier"}
 
 
+def _learned_vanilla_pairs(variants: dict[str, list[dict]]):
+    """For every ``<att>-learned`` variant (sorted): ``(att, learned_by_seed,
+    vanilla_by_seed, common_seeds)``; the seeds are sorted and may be empty."""
+    for name in sorted(variants):
+        if not name.endswith("-learned"):
+            continue
+        att = name[: -len("-learned")]
+        vanilla = {r["seed"]: r for r in variants.get(f"{att}-vanilla", [])}
+        learned = {r["seed"]: r for r in variants[name]}
+        yield att, learned, vanilla, sorted(set(vanilla) & set(learned))
+
+
 def _verdict(metric: str, m: float, lo: float, hi: float) -> str:
     """'ahead'/'behind' for the learned (first) side, 'significant' when the 95% interval
     excludes 0, 'within noise' otherwise, '-' without an interval."""
@@ -232,11 +244,8 @@ def target_lines(task: str, variants: dict[str, list[dict]]) -> list[str]:
     metrics = ("accuracy", "mcc", "ece", "log_loss", "brier")
     lines = ["Target check (from the runs above):", ""]
     learned = sorted(n for n in variants if n.endswith("-learned"))
-    for name in learned:
-        att = name[: -len("-learned")]
-        van = {r["seed"]: r for r in variants.get(f"{att}-vanilla", [])}
-        lrn = {r["seed"]: r for r in variants[name]}
-        seeds = sorted(set(van) & set(lrn))
+    for att, lrn, van, seeds in _learned_vanilla_pairs(variants):
+        name = f"{att}-learned"
         if not seeds:
             lines.append(f"- {name} vs {att}-vanilla: no common seeds")
             continue
@@ -318,13 +327,7 @@ def build_report(results: str | Path, plots: bool = True) -> Path:
         lines += ["| attention | pairs | " + " | ".join(diff_cols) + " |",
                   "|" + "---|" * (len(diff_cols) + 2)]
         n_pairs = 0
-        for name in sorted(variants):
-            if not name.endswith("-learned"):
-                continue
-            att = name[: -len("-learned")]
-            vanilla = {r["seed"]: r for r in variants.get(f"{att}-vanilla", [])}
-            learned = {r["seed"]: r for r in variants[name]}
-            seeds = sorted(set(vanilla) & set(learned))
+        for att, learned, vanilla, seeds in _learned_vanilla_pairs(variants):
             if not seeds:
                 continue
             n_pairs += 1
