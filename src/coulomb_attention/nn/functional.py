@@ -302,6 +302,18 @@ def _augment(x, *cols):
     return out
 
 
+class _Blocks:
+    """Reused scratch memory for the per-chunk blocks: ``self(i, G, c, n)`` is a contiguous
+    (G, c, n) view of flat buffer ``i``. Writing a matmul into a fresh block per chunk (page
+    faults) or into a strided slice of the result (a hidden copy) measured up to 2x slower."""
+
+    def __init__(self, like, *sizes):
+        self.bufs = [like.new_empty(n) for n in sizes]
+
+    def __call__(self, i, G, c, n):
+        return self.bufs[i][: G * c * n].view(G, c, n)
+
+
 class _Rows:
     """Augmented rows ``[x, col_0, col_1, ...]`` of one chunk in a reused (G, chunk, d + j)
     buffer: the matmul operands of the fast path, built chunk by chunk in cache (a full-length
@@ -393,8 +405,10 @@ def _key_pass_fast(keys, v, half_k, rk, w, key_mask, chunk):
     wk = _augment(w.expand(G, *w.shape), 1.0, -c).mul_(_LOG2E).transpose(1, 2)
     kv = w.new_zeros(G, M, v.shape[-1])
     ksum = w.new_zeros(G, M)
+    blocks = _Blocks(w, G * min(chunk, S) * M)
     for s0, s1 in _chunks(S, chunk):
-        f = torch.bmm(keys(s0, s1, [(0, half_k[:, s0:s1])]), wk).exp2_()  # (G, c, M), <= 1
+        f = torch.bmm(keys(s0, s1, [(0, half_k[:, s0:s1])]), wk, out=blocks(0, G, s1 - s0, M))
+        f.exp2_()  # (G, c, M), <= 1
         kv.baddbmm_(f.transpose(1, 2), v[:, s0:s1])
         ksum += f.sum(1)
     if not bool((ksum >= _UNDERFLOW).all()):
@@ -484,11 +498,15 @@ class _FavorFn(torch.autograd.Function):
         queries = _Rows(q, chunk, [1.0, None])
         out = v.new_empty(G, T, e)
         den = v.new_empty(G, T, 1)
+        M, c_max = w.shape[0], min(chunk, T)
+        blocks = _Blocks(v, G * c_max * M, G * c_max * e)  # the division writes ``out``
         for t0, t1 in _chunks(T, chunk):
-            p = torch.bmm(queries(t0, t1, [(1, -shift[:, t0:t1])]), wq).exp2_()  # exps <= 0
-            den_c = p.sum(-1, keepdim=True)  # (width 64 + a sum: faster than width 65)
-            torch.bmm(p, kv_hat, out=out[:, t0:t1]).div_(den_c)
-            den[:, t0:t1] = den_c
+            p = torch.bmm(queries(t0, t1, [(1, -shift[:, t0:t1])]), wq,
+                          out=blocks(0, G, t1 - t0, M))
+            p.exp2_()  # exponents <= 0
+            den_c = torch.sum(p, -1, keepdim=True, out=den[:, t0:t1])  # (faster than width 65)
+            n = torch.bmm(p, kv_hat, out=blocks(1, G, t1 - t0, e))
+            torch.div(n, den_c, out=out[:, t0:t1])
         # Rows whose normaliser is tiny (or 0): the exact row shift, chunk by chunk.
         for t0, t1 in _chunks(T, chunk):
             if bool((den[:, t0:t1] >= _UNDERFLOW).all()):
@@ -515,18 +533,25 @@ class _FavorFn(torch.autograd.Function):
         dq = torch.empty_like(q) if need_q else None
         dw = torch.zeros_like(w) if need_w else None
         queries = _Rows(q, chunk, [1.0, None])
+        # Reused contiguous blocks (see _Blocks): features, their gradients, matmul outputs.
+        M, d = w.shape
+        n = G * min(chunk, max(T, S))
+        blocks = _Blocks(w, n * M, n * M, n * (e + 1), n * (d + 1))
         for t0, t1 in _chunks(T, chunk):
-            p = torch.bmm(queries(t0, t1, [(1, -shift[:, t0:t1])]), wq).exp2_()  # as forward
+            c = t1 - t0
+            p = torch.bmm(queries(t0, t1, [(1, -shift[:, t0:t1])]), wq, out=blocks(0, G, c, M))
+            p.exp2_()  # as forward
             # d out / d n: numerator g/den, normaliser -(g . out)/den.
-            dn = g[:, t0:t1] * inv_den[:, t0:t1]  # (G, c, e)
-            dn1 = torch.cat([dn, -(dn * out[:, t0:t1]).sum(-1, keepdim=True)], -1)
+            dn1 = blocks(2, G, c, e + 1)
+            dn = torch.mul(g[:, t0:t1], inv_den[:, t0:t1], out=dn1[..., :-1])  # (G, c, e)
+            torch.sum(dn * out[:, t0:t1], -1, keepdim=True, out=dn1[..., -1:]).neg_()
             dkv1.baddbmm_(p.transpose(1, 2), dn1)
             if need_q or need_w:
-                da = torch.bmm(dn1, kv1.transpose(1, 2)).mul_(p)  # (G, c, M)
+                da = torch.bmm(dn1, kv1.transpose(1, 2), out=blocks(1, G, c, M)).mul_(p)
                 if need_q:
                     # The -q rowsum(da) term of log_positive's derivative is exactly 0 here:
                     # a per-row factor of phi(q) cancels in the ratio.
-                    dq[:, t0:t1] = da @ w
+                    dq[:, t0:t1] = torch.bmm(da, w.expand(G, M, d), out=blocks(3, G, c, d))
                 if need_w:
                     dw += torch.bmm(da.transpose(1, 2), q[:, t0:t1]).sum(0)
         dk = torch.empty_like(k) if need_k else None
@@ -537,18 +562,21 @@ class _FavorFn(torch.autograd.Function):
             wk = _augment(w.expand(G, *w.shape), 1.0, torch.where(
                 torch.isfinite(lse), -lse, -_NEG)).mul_(_LOG2E).transpose(1, 2)
             dkv = dkv1[..., :-1]
-            w1 = _augment(w, 1.0)  # [w, 1]: da @ w1 = [da @ w, rowsum(da)]
+            w1 = _augment(w, 1.0).expand(G, M, d + 1)  # [w, 1]: da @ w1 = [da @ w, rowsum(da)]
             keys = _Rows(k, chunk, [None, 1.0], key_mask)
             vals = _Rows(v, chunk, [1.0])
             for s0, s1 in _chunks(S, chunk):
-                r = torch.bmm(keys(s0, s1, [(0, half_k[:, s0:s1])]), wk).exp2_()  # (G, c, M)
+                c = s1 - s0
+                r = torch.bmm(keys(s0, s1, [(0, half_k[:, s0:s1])]), wk, out=blocks(0, G, c, M))
+                r.exp2_()  # (G, c, M)
                 if need_v:
-                    dv[:, s0:s1] = torch.bmm(r, dkv)
+                    dv[:, s0:s1] = torch.bmm(r, dkv, out=blocks(2, G, c, e))
                 if need_k or need_w:
-                    da = torch.bmm(vals(s0, s1), dkv1.transpose(1, 2)).mul_(r)
+                    da = torch.bmm(vals(s0, s1), dkv1.transpose(1, 2), out=blocks(1, G, c, M))
+                    da.mul_(r)
                     k_c = k[:, s0:s1]
                     if need_k:
-                        x = da @ w1  # (G, c, d + 1)
+                        x = torch.bmm(da, w1, out=blocks(3, G, c, d + 1))  # (G, c, d + 1)
                         torch.addcmul(x[..., :-1], k_c, x[..., -1:], value=-1.0,
                                       out=dk[:, s0:s1])
                     if need_w:
