@@ -99,3 +99,25 @@ def test_bad_input_raises():
         model(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="integer"):
         model(torch.ones(2, 5))
+
+
+def test_factorised_token_embeddings():
+    """``embedding_dim != dim``: a (vocab, E) table and a learned (E -> D) projection; the
+    default (None) keeps the (vocab, D) table and no projection."""
+    cfg = ModelConfig(vocab_size=20, dim=8, layers=1, heads=2, mlp_dim=16, max_len=8,
+                      n_features=4, embedding_dim=12)
+    model = TransformerClassifier(cfg, generator=torch.Generator().manual_seed(0))
+    emb = model.embeddings
+    assert emb.word_embeddings.weight.shape == (20, 12) and emb.word_proj.weight.shape == (8, 12)
+    ids = torch.randint(1, 20, (3, 5), generator=torch.Generator().manual_seed(1))
+    x = emb(ids)
+    pos = emb.position_embeddings.weight[:5]
+    ref = emb.word_embeddings.weight[ids] @ emb.word_proj.weight.T + pos
+    emb.eval()
+    assert torch.allclose(emb(ids), ref, atol=1e-6) and x.shape == (3, 5, 8)
+    plain = TransformerClassifier(ModelConfig(vocab_size=20, dim=8, layers=1, heads=2,
+                                              mlp_dim=16, max_len=8, n_features=4))
+    assert plain.embeddings.word_proj is None
+    assert plain.embeddings.word_embeddings.weight.shape == (20, 8)
+    with pytest.raises(ValueError, match="embedding_dim"):
+        ModelConfig(embedding_dim=0)

@@ -309,6 +309,38 @@ def test_experiment_run_one_on_samples(tiny_dir, tmp_path):
         MiniLMConfig(attention="softmax", kernel="learned")
 
 
+def test_scratch_model_on_pretrained_token_embeddings(tiny_dir, tmp_path):
+    """``embeddings=<checkpoint>``: its vocabulary, its token table frozen (unchanged after
+    training), a learned projection from the table's width to the model's."""
+    from coulomb_attention.config import from_dict
+    from coulomb_attention.experiments.train import RunConfig, train_one
+    from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
+    from coulomb_attention.nn.pretrained import load_token_embeddings
+    from coulomb_attention.train.checkpoint import latest_checkpoint, load_model_file
+
+    table = load_token_embeddings(tiny_dir)
+    assert tuple(table.shape) == (TINY["vocab_size"], TINY["hidden_size"])
+    cfg = from_dict(RunConfig, {
+        "task": "sst2", "attention": "favor", "kernel": "learned", "embeddings": str(tiny_dir),
+        "data": {"max_length": 16, "train_limit": 48, "eval_limit": 16},
+        "model": {"dim": 8, "layers": 1, "heads": 2, "mlp_dim": 16, "n_features": 4},
+        "train": {"epochs": 1, "batch_size": 16, "lr": 1e-2},
+        "align": {"n_examples": 16, "holdout": 8, "batch_size": 16, "steps": 2},
+        "robust": {"rates": [0.2], "advglue": False}})
+    m = train_one(cfg, tmp_path / "run", data_dir=None, log=lambda *_: None)
+    mc = m["config"]["model"]
+    assert mc["vocab_size"] == TINY["vocab_size"] and mc["embedding_dim"] == 16
+    assert m["n_params"] - m["n_trainable_params"] == table.numel()
+    model = TransformerClassifier(ModelConfig(**mc))
+    last = latest_checkpoint(tmp_path / "run" / "ckpt" / "finetune")
+    load_model_file(last / "model.safetensors", model)
+    assert torch.equal(model.embeddings.word_embeddings.weight, table)
+    assert model.embeddings.word_proj.weight.shape == (8, 16)
+    with pytest.raises(FileNotFoundError, match="neither a known encoder"):
+        train_one(RunConfig(embeddings=str(tmp_path / "nowhere")), tmp_path / "r2",
+                  log=lambda *_: None)
+
+
 # ---------------------------------------------------------------------------- all-MiniLM-L6-v2
 
 

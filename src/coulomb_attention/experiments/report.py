@@ -284,6 +284,17 @@ def target_lines(task: str, variants: dict[str, list[dict]]) -> list[str]:
     return lines + [""]
 
 
+def _embeddings_note(variants: dict[str, list[dict]]) -> str:
+    """`` Token embeddings: ...`` when a run used a pretrained token table (else empty)."""
+    names = sorted({r.get("config", {}).get("embeddings", "scratch")
+                    for runs in variants.values() for r in runs})
+    if names == ["scratch"]:
+        return ""
+    return (" Token embeddings: " + ", ".join(f"`{n}`" for n in names)
+            + " (a pretrained vocabulary and frozen token table, projected to the model "
+            "width; the rest trained from scratch).")
+
+
 def build_report(results: str | Path, plots: bool = True) -> Path:
     """Write ``RESULTS/report.md`` (and the plots); returns its path."""
     results = Path(results)
@@ -305,7 +316,8 @@ def build_report(results: str | Path, plots: bool = True) -> Path:
                   f"training split `{any_run.get('train_split')}` "
                   f"({any_run.get('n_train')} examples"
                   + (", a seeded random subset" if any_run.get("config", {}).get("data", {})
-                     .get("train_limit") else "") + ").", ""]
+                     .get("train_limit") else "") + ")."
+                  + _embeddings_note(variants), ""]
         header = ["variant", "seeds", *COLUMNS]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for name in sorted(variants):

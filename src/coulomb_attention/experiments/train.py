@@ -103,6 +103,12 @@ class RunConfig:
 
     ``model.vocab_size``/``model.num_labels``/``model.pad_id`` are set from the tokenizer and
     the task when the run starts; ``train.epochs`` are the phase-B epochs.
+
+    ``embeddings``: ``"scratch"`` (default: a WordPiece vocabulary trained on the training
+    split, ``data.vocab_size`` tokens, a random token table) or a pretrained BERT-style
+    checkpoint (``"minilm"`` or a checkpoint directory): its WordPiece vocabulary and its token
+    table, frozen, with a learned projection to ``model.dim``. Everything else is still trained
+    from scratch.
     """
 
     task: str = "sst2"
@@ -110,6 +116,7 @@ class RunConfig:
     kernel: str = "learned"
     seed: int = 0
     warmup_epochs: int = 1
+    embeddings: str = "scratch"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=2))
@@ -122,6 +129,9 @@ class RunConfig:
         check_choice("kernel", self.kernel, KERNELS)
         check_nonnegative("seed", self.seed)
         check_nonnegative("warmup_epochs", self.warmup_epochs)
+        if not isinstance(self.embeddings, str) or not self.embeddings:
+            raise ValueError(f"embeddings must be 'scratch', 'minilm' or a checkpoint "
+                             f"directory, got {self.embeddings!r}")
         if self.model.attention != self.attention:
             object.__setattr__(self, "model", override(self.model, {
                 "attention": self.attention, "tie_qk": None}))
@@ -137,7 +147,8 @@ class RunConfig:
 def warmup_config(config: RunConfig) -> dict:
     """The part of the config the warm-up depends on (identical for vanilla and learned)."""
     d = to_dict(config)
-    return {k: d[k] for k in ("task", "attention", "seed", "warmup_epochs", "data", "model")}
+    return {k: d[k] for k in ("task", "attention", "seed", "warmup_epochs", "embeddings", "data",
+                              "model")}
 
 
 # ---------------------------------------------------------------------------- data
@@ -160,9 +171,23 @@ def _load_data(config: RunConfig, data_dir, out: Path):
             adv = load_task(config.task, "advglue", data_dir)
         except FileNotFoundError:
             adv = None
-    tokenizer = build_tokenizer(train.texts, vocab_size=config.data.vocab_size,
-                                cache_path=out / "tokenizer.json")
+    if config.embeddings == "scratch":
+        tokenizer = build_tokenizer(train.texts, vocab_size=config.data.vocab_size,
+                                    cache_path=out / "tokenizer.json")
+    else:
+        from ..nn.pretrained import load_pretrained_tokenizer
+
+        tokenizer = load_pretrained_tokenizer(config.embeddings)
     return spec, train, ev, adv, tokenizer
+
+
+def _pretrained_table(config: RunConfig) -> torch.Tensor | None:
+    """The frozen token table of ``config.embeddings`` (None for ``scratch``)."""
+    if config.embeddings == "scratch":
+        return None
+    from ..nn.pretrained import load_token_embeddings
+
+    return load_token_embeddings(config.embeddings)
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -239,11 +264,17 @@ def train_one(
     t_start = time.perf_counter()
     with _main_first(runtime):  # rank 0 writes the tokenizer cache, the others then read it
         spec, train, ev, adv, tokenizer = _load_data(config, data_dir, out)
+    table = _pretrained_table(config)
+    if table is not None and table.shape[0] != tokenizer.vocab_size:
+        raise ValueError(f"embeddings {config.embeddings!r}: the token table has "
+                         f"{table.shape[0]} rows, the vocabulary {tokenizer.vocab_size} tokens")
     config = override(config, {"model": {"vocab_size": tokenizer.vocab_size,
                                           "num_labels": spec.num_labels,
                                           "pad_id": tokenizer.pad_id,
                                           "max_len": max(config.model.max_len,
-                                                         config.data.max_length)}})
+                                                         config.data.max_length),
+                                          **({} if table is None else
+                                             {"embedding_dim": table.shape[1]})}})
     max_len = config.data.max_length
     train_set = _encode(tokenizer, train.texts, train.labels, max_len)
     ev_set = _encode(tokenizer, ev.texts, ev.labels, max_len)
@@ -255,6 +286,10 @@ def train_one(
 
     gen = torch.Generator().manual_seed(int(config.seed))
     model = TransformerClassifier(config.model, generator=gen)
+    if table is not None:  # pretrained token table: loaded once, never trained
+        with torch.no_grad():
+            model.embeddings.word_embeddings.weight.copy_(table)
+        model.embeddings.word_embeddings.weight.requires_grad_(False)
     bs = config.train.eval_batch_size
 
     def monitor(m) -> dict[str, float]:
@@ -331,6 +366,7 @@ def train_one(
     timings["stages_s"] = sum(timings.get(k, 0.0) for k in (
         "data_s", "warmup_s", "phase_a_s", "phase_b_s", "eval_s"))  # over all resumes
     n_params = sum(p.numel() for p in model.parameters())
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     metrics = {
         **result,
         "robust": robust,
@@ -349,6 +385,7 @@ def train_one(
         "n_train": len(train),
         "n_eval": len(ev),
         "n_params": n_params,
+        "n_trainable_params": n_trainable,
         "torch_threads": torch.get_num_threads(),
         "config": to_dict(config),
     }
@@ -391,6 +428,9 @@ COMMON_FLAGS: dict[str, tuple[tuple[str, ...], type, str]] = {
     "max_length": (("data", "max_length"), int, "truncation length in tokens"),
     "vocab_size": (("data", "vocab_size"), int, "WordPiece vocabulary size"),
     "train_limit": (("data", "train_limit"), int, "random subset of the training split"),
+    "embeddings": (("embeddings",), str, "token embeddings: scratch (default; vocabulary "
+                   "trained on the task) or a pretrained checkpoint (minilm or a BERT "
+                   "directory: its vocabulary and frozen token table)"),
     "eval_limit": (("data", "eval_limit"), int, "random subset of the evaluation split"),
     "align_steps": (("align", "steps"), int, "phase-A Langevin steps per layer"),
     "align_examples": (("align", "n_examples"), int, "phase-A cached training examples"),

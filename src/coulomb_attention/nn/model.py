@@ -3,7 +3,8 @@
 Structure (names chosen so BERT-style checkpoints map onto it with a flat rename, see
 :func:`bert_key_map`)::
 
-    embeddings.word_embeddings      (vocab, D)
+    embeddings.word_embeddings      (vocab, E)       E = embedding_dim (default D)
+    embeddings.word_proj            Linear(E, D)     only when E != D (e.g. a pretrained table)
     embeddings.position_embeddings  (max_len, D)     learned absolute positions
     embeddings.token_type_embeddings (types, D)      only when type_vocab_size > 0
     embeddings.norm                 LayerNorm(D)     only when post_norm (BERT applies it)
@@ -54,6 +55,9 @@ class ModelConfig:
     Attributes
     ----------
     vocab_size : int             size of the token embedding table
+    embedding_dim : int or None  width E of the token table; ``None``: D. ``E != D`` adds a
+                                 learned projection (factorised embeddings, or a pretrained
+                                 table of another width)
     num_labels : int             number of classes
     dim : int                    model width D
     layers : int                 number of encoder blocks
@@ -91,6 +95,7 @@ class ModelConfig:
     type_vocab_size: int = 0
     layer_norm_eps: float = 1e-5
     pad_id: int = 0
+    embedding_dim: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_labels", "dim", "layers", "heads", "mlp_dim", "max_len",
@@ -105,6 +110,8 @@ class ModelConfig:
             if p >= 1:
                 raise ValueError(f"{name} must be in [0, 1), got {p}")
         check_nonnegative("type_vocab_size", self.type_vocab_size)
+        if self.embedding_dim is not None:
+            check_positive("embedding_dim", self.embedding_dim, integer=True)
         check_positive("layer_norm_eps", self.layer_norm_eps)
         if self.num_labels < 2:
             raise ValueError(f"num_labels must be >= 2, got {self.num_labels}")
@@ -119,8 +126,9 @@ class Embeddings(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.dim,
-                                            padding_idx=config.pad_id)
+        e = config.embedding_dim or config.dim
+        self.word_embeddings = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_id)
+        self.word_proj = nn.Linear(e, config.dim, bias=False) if e != config.dim else None
         self.position_embeddings = nn.Embedding(config.max_len, config.dim)
         self.token_type_embeddings = (
             nn.Embedding(config.type_vocab_size, config.dim) if config.type_vocab_size else None
@@ -133,7 +141,10 @@ class Embeddings(nn.Module):
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         t = input_ids.shape[1]
         pos = torch.arange(t, device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(pos)[None]  # (B, T, D)
+        x = self.word_embeddings(input_ids)
+        if self.word_proj is not None:
+            x = self.word_proj(x)
+        x = x + self.position_embeddings(pos)[None]  # (B, T, D)
         if self.token_type_embeddings is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(input_ids)

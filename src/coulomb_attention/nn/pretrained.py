@@ -57,6 +57,7 @@ __all__ = [
     "load_bert_state_dict",
     "load_pretrained_encoder",
     "load_pretrained_tokenizer",
+    "load_token_embeddings",
     "model_config_from_bert",
     "read_bert_config",
     "resolve_checkpoint_dir",
@@ -369,6 +370,24 @@ def load_pretrained_tokenizer(name_or_path: str | os.PathLike = "minilm"):
     if tc.is_file():
         lowercase = bool(json.loads(tc.read_text(encoding="utf-8")).get("do_lower_case", True))
     return Tokenizer.from_vocab(vocab, lowercase=lowercase)
+
+
+def load_token_embeddings(name_or_path: str | os.PathLike = "minilm") -> torch.Tensor:
+    """The word-embedding table ``(vocab, hidden)`` of a BERT-style checkpoint, row ``i`` the
+    token of id ``i`` of :func:`load_pretrained_tokenizer` (for a small model trained from
+    scratch on top of pretrained token embeddings)."""
+    state = load_bert_state_dict(name_or_path)
+    for key in ("embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight"):
+        if key in state:
+            table = state[key]
+            break
+    else:
+        raise ValueError(f"{name_or_path}: not a BERT checkpoint: no "
+                         "(bert.)embeddings.word_embeddings.weight")
+    if table.ndim != 2 or not table.is_floating_point():
+        raise ValueError(f"{name_or_path}: word embeddings must be a 2-d float tensor, got "
+                         f"{table.dtype} {tuple(table.shape)}")
+    return table.float()
 
 
 # ---------------------------------------------------------------------------- phase A (softmax)
