@@ -434,3 +434,117 @@ def test_bench_peak_memory_counts_reused_memory():
     if any(math.isnan(m) for m in mb):
         pytest.skip("VmHWM cannot be reset here")
     assert all(14 <= m <= 100 for m in mb), mb
+
+
+# ----------------------------------------------------------------------------- causal
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 64])
+def test_causal_linear_attention_matches_naive(chunk):
+    q, k, v = _qkv(T=13, S=13, seed=21)
+    pq, pk = (torch.nn.functional.softplus(t).detach().requires_grad_() for t in (q, k))
+    mask = _mask(2, 13, [13, 9])
+    mask[1, :3] = False  # leading padding: rows 0..2 of sequence 1 have no key (output 0)
+    fast = AF.causal_linear_attention(pq, pk, v, mask, chunk_size=chunk)
+    slow = AF.naive_causal_linear_attention(pq, pk, v, mask)
+    assert rel_err(fast, slow) < 1e-12
+    assert torch.equal(fast[1, :, :3], torch.zeros_like(fast[1, :, :3]))
+    for a, b in zip(_grads(fast, (pq, pk, v)), _grads(slow, (pq, pk, v)), strict=True):
+        assert rel_err(a, b) < 1e-10
+    # The last position sees every key: the causal output there is the non-causal one.
+    full = AF.linear_attention(pq, pk, v, mask)
+    assert rel_err(fast[0, :, -1], full[0, :, -1]) < 1e-12
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_causal_favor_matches_naive(groups, chunk):
+    q, k, v = _qkv(T=13, S=13, seed=22)
+    omega = torch.randn(groups, 16, 8, generator=_gen(5), dtype=torch.float64)
+    omega.requires_grad_()
+    mask = _mask(2, 13, [13, 6])
+    fast = AF.causal_favor_attention(q, k, v, omega, mask, chunk_size=chunk)
+    slow = AF.naive_causal_favor_attention(q, k, v, omega, mask)
+    assert rel_err(fast, slow) < 1e-12
+    ga, gb = _grads(fast, (q, k, v, omega)), _grads(slow, (q, k, v, omega))
+    for a, b in zip(ga, gb, strict=True):
+        assert rel_err(a, b) < 1e-10
+
+
+def test_causal_favor_online_shift_survives_large_norms():
+    """Keys whose norms shrink along the sequence (early logits ~ -100 below the late ones):
+    with one global key shift (the naive twin) the early prefixes underflow to 0 in float32;
+    the online per-block shift matches the exact FAVOR+ estimate, computed in log space."""
+    d, L = 8, 24
+    q, k, v = _qkv(B=1, H=1, T=L, S=L, d=d, seed=23, dtype=torch.float32)
+    growth = torch.linspace(6.0, 0.5, L)[None, None, :, None]
+    q, k, v = (q * growth).detach(), (k * growth).detach(), v.detach()
+    omega = torch.randn(1, 32, d, generator=_gen(7))
+    fast = AF.causal_favor_attention(q, k, v, omega, chunk_size=4)
+    b = features.log_positive(q.double(), omega[0].double())  # (1, 1, L, M)
+    a = features.log_positive(k.double(), omega[0].double())
+    log_k = torch.logsumexp(b[..., :, None, :] + a[..., None, :, :], -1)  # (1, 1, L, L)
+    future = torch.ones(L, L, dtype=torch.bool).triu(1)
+    exact = torch.softmax(log_k.masked_fill(future, -math.inf), -1) @ v.double()
+    assert torch.isfinite(fast).all()
+    assert rel_err(fast.double(), exact) < 1e-4
+    naive32 = AF.naive_causal_favor_attention(q, k, v, omega)
+    assert rel_err(naive32.double(), exact) > 0.1  # what the online shift avoids
+
+
+def test_causal_softmax_reference_and_sdpa_agree():
+    q, k, v = _qkv(T=9, S=9, seed=24)
+    mask = _mask(2, 9, [9, 5])
+    ref = AF.softmax_attention(q, k, v, mask, causal=True)
+    m = KernelAttention(8 * 3, 3, "softmax", causal=True)
+    assert rel_err(m.attend(q, k, v, mask), ref) < 1e-12
+    # the first position attends only to itself
+    assert rel_err(ref[:, :, 0], v[:, :, 0]) < 1e-12
+    lead = mask.clone()
+    lead[1, :2] = False  # rows before the first real key: output 0, not NaN
+    out = m.attend(q, k, v, lead)
+    assert torch.isfinite(out).all() and torch.equal(out[1, :, :2], torch.zeros_like(out[1, :, :2]))
+
+
+@pytest.mark.parametrize("name", MAPS)
+def test_causal_module_never_sees_the_future(name):
+    m = KernelAttention(16, 2, name, n_features=32, generator=1, causal=True, chunk_size=3)
+    x = torch.randn(2, 10, 16, generator=_gen(3))
+    out = m(x)
+    x2 = x.clone()
+    x2[:, 6:] = torch.randn(2, 4, 16, generator=_gen(4)) * 5.0
+    out2 = m(x2)
+    assert rel_err(out2[:, :6], out[:, :6]) < 1e-5
+    assert rel_err(out2[:, 6:], out[:, 6:]) > 1e-2
+    # right padding changes nothing; each prefix equals the sequence cut there
+    mask = _mask(2, 10, [10, 4])
+    padded = m(x, mask)
+    assert rel_err(padded[1, :4], m(x[1:2, :4])[0]) < 1e-5
+    assert rel_err(padded[0], out[0]) < 1e-5
+    assert "causal=True" in repr(m)
+
+
+def test_causal_favor_approximates_causal_softmax_better_with_more_features():
+    d = 16
+    q, k, v = _qkv(B=1, H=2, T=32, S=32, d=d, e=8, seed=25, scale=d**-0.5)
+    exact = AF.softmax_attention(q, k, v, causal=True)
+    errs = []
+    for M in (16, 1024):
+        e = [rel_err(AF.causal_favor_attention(q, k, v, features.orthogonal(
+            M, d, generator=_gen(100 + s), dtype=torch.float64)[None]), exact)
+            for s in range(4)]
+        errs.append(sum(e) / len(e))
+    assert errs[1] < errs[0] / 3 and errs[1] < 0.1, errs
+
+
+def test_causal_bad_inputs():
+    q, k, v = _qkv(T=5, S=6)
+    omega = torch.randn(1, 4, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match="as many queries as keys"):
+        AF.causal_favor_attention(q, k, v, omega)
+    with pytest.raises(ValueError, match="as many queries as keys"):
+        AF.softmax_attention(q, k, v, causal=True)
+    with pytest.raises(ValueError, match="chunk_size"):
+        AF.causal_linear_attention(v, v, v, chunk_size=0)
+    with pytest.raises(TypeError, match="causal"):
+        KernelAttention(8, 2, causal="yes")

@@ -73,7 +73,7 @@ ATTENTION_FEATURES: dict[str, AttentionFeature] = {
 
 
 class KernelAttention(nn.Module):
-    """Multi-head, non-causal kernel attention with a padding mask.
+    """Multi-head kernel attention with a padding mask (non-causal by default).
 
     ``out_t = sum_s phi(q_t) . phi(k_s) v_s / sum_s phi(q_t) . phi(k_s)`` per head, with
     queries and keys scaled by ``head_dim**-0.25`` before the map (so FAVOR+ approximates
@@ -105,7 +105,12 @@ class KernelAttention(nn.Module):
         Sampler of omega (default per map: ``orthogonal``); see
         :data:`coulomb_attention.features.SAMPLERS`.
     chunk_size : int, optional
-        Rows per chunk of the fused FAVOR+ path (:func:`.functional.favor_attention`).
+        Rows per chunk of the fused FAVOR+ path (:func:`.functional.favor_attention`), or
+        positions per block of the causal prefix sums (default 128).
+    causal : bool
+        Position t attends to positions s <= t only (prefix sums, still linear in L:
+        :func:`.functional.causal_linear_attention`, :func:`.functional.causal_favor_attention`;
+        exact ``softmax`` masks the future).
 
     Attributes
     ----------
@@ -128,6 +133,7 @@ class KernelAttention(nn.Module):
         generator: torch.Generator | int | None = None,
         sampler: str | None = None,
         chunk_size: int | None = None,
+        causal: bool = False,
     ) -> None:
         super().__init__()
         dim = check_positive("dim", dim, integer=True)
@@ -152,6 +158,9 @@ class KernelAttention(nn.Module):
         self.share_features = bool(share_features)
         self.sampler = sampler or self.spec.sampler
         self.chunk_size = chunk_size
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+        self.causal = causal
 
         self.q_proj = nn.Linear(dim, dim, bias=bias)
         self.k_proj = self.q_proj if self.tie_qk else nn.Linear(dim, dim, bias=bias)
@@ -291,25 +300,35 @@ class KernelAttention(nn.Module):
         :meth:`queries`), v ``(B, H, S, dh)`` -> ``(B, H, T, dh)``."""
         name = self.feature_map
         if name == "favor":
-            return AF.favor_attention(q, k, v, self.omega, mask, chunk_size=self.chunk_size)
+            fn = AF.causal_favor_attention if self.causal else AF.favor_attention
+            return fn(q, k, v, self.omega, mask, chunk_size=self.chunk_size)
         if name == "softmax":
-            return _sdpa(q, k, v, mask)
+            return _sdpa(q, k, v, mask, self.causal)
         # the maps upcast to float32; autocast would undo that inside the matmul q @ omega.T
         with torch.autocast(device_type=q.device.type, enabled=False):
+            if self.causal:
+                return AF.causal_linear_attention(self._phi(q), self._phi(k), v, mask,
+                                                  chunk_size=self.chunk_size)
             return AF.linear_attention(self._phi(q), self._phi(k), v, mask)
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, heads={self.heads}, feature_map={self.feature_map!r}, "
                 f"n_features={self.n_features}, tie_qk={self.tie_qk}, "
-                f"share_features={self.share_features}")
+                f"share_features={self.share_features}"
+                + (", causal=True" if self.causal else ""))
 
 
-def _sdpa(q, k, v, mask):
+def _sdpa(q, k, v, mask, causal=False):
     """Exact softmax attention through torch's fused kernel (scale 1: q, k are pre-scaled)."""
-    attn_mask = None
-    if mask is not None:
-        attn_mask = mask[:, None, None, :]  # (B, 1, 1, S)
-        if not bool(mask.any(-1).all()):  # a row without keys: use the guarded reference
-            return AF.softmax_attention(q, k, v, mask)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0)
+    # a query row without any key (all padded; causal: before the first real token) would
+    # be NaN in the fused kernel: the guarded reference gives it output 0
+    if not bool((mask[:, 0] if causal else mask.any(-1)).all()):
+        return AF.softmax_attention(q, k, v, mask, causal=causal)
+    attn_mask = mask[:, None, None, :]  # (B, 1, 1, S)
+    if causal:
+        L = q.shape[2]
+        attn_mask = attn_mask & torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=1.0)
 

@@ -36,6 +36,10 @@ __all__ = [
     "favor_features",
     "favor_attention",
     "naive_favor_attention",
+    "causal_linear_attention",
+    "naive_causal_linear_attention",
+    "causal_favor_attention",
+    "naive_causal_favor_attention",
 ]
 
 # Smallest normaliser: keeps a fully padded row (or total underflow) finite (output 0).
@@ -159,8 +163,11 @@ def softmax_attention(
     key_mask: torch.Tensor | None = None,
     *,
     scale: float = 1.0,
+    causal: bool = False,
 ) -> torch.Tensor:
     """Exact softmax attention ``softmax(scale q k^T) v`` (quadratic reference).
+
+    ``causal=True``: query t attends to keys s <= t only (needs T == S).
 
     ``scale=1`` because :class:`~coulomb_attention.nn.KernelAttention` already scales
     queries and keys by ``d**-0.25`` each (so ``q . k`` carries the usual ``1/sqrt(d)``).
@@ -183,6 +190,11 @@ def softmax_attention(
         logits = scale * (q.to(dt) @ k.to(dt).transpose(-1, -2))  # (B, H, T, S)
         if key_mask is not None:
             logits = logits.masked_fill(~key_mask[:, None, None, :], -math.inf)
+        if causal:
+            _check_causal(q, k)
+            L = q.shape[2]
+            future = torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1)
+            logits = logits.masked_fill(future, -math.inf)
         # Shift by the row max (finite rows only) then normalise: no inf/NaN for any norm.
         m = logits.amax(-1, keepdim=True).detach()
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -661,3 +673,170 @@ def favor_attention(
             ]
             out = torch.stack(outs, dim=1)
     return out.to(v.dtype)
+
+
+# --------------------------------------------------------------------------- causal
+
+
+def _causal_block_size(chunk_size) -> int:
+    if chunk_size is None:
+        return 128
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    return chunk_size
+
+
+def _check_causal(q, k) -> None:
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"causal attention needs as many queries as keys, got {q.shape[2]} "
+                         f"and {k.shape[2]}")
+
+
+def _causal_chunks(pq, pk, v, key_mask, chunk, shift=None):
+    """Shared loop of the causal ops: ``pq``/``pk`` (B, H', L, M) are query features and key
+    *logits or features*; with ``shift`` a callable, the keys are exponentiated here with an
+    online per-feature max (see :func:`causal_favor_attention`)."""
+    B, H, L, e = v.shape
+    dt = pq.dtype
+    v1 = torch.cat([v.to(dt), v.new_ones((B, H, L, 1), dtype=dt)], dim=-1)  # [v, 1]
+    if key_mask is not None:
+        v1 = v1 * key_mask[:, None, :, None].to(dt)  # padded keys: no value, no weight
+    M = pq.shape[-1]
+    state = v1.new_zeros(B, H, M, e + 1)  # sum_{s < t0} phi_k[s] [v_s, 1]^T
+    c = None if shift is None else v1.new_full((B, H, 1, M), -math.inf)
+    outs = []
+    for t0, t1 in _chunks(L, chunk):
+        fq, fk = pq[:, :, t0:t1], pk[:, :, t0:t1]
+        if shift is not None:  # fk are key logits, fq query logits: shift, then exponentiate
+            c_new = torch.maximum(c, fk.amax(-2, keepdim=True)).detach()
+            state = state * torch.exp(c - _safe(c_new)).transpose(-1, -2)
+            c = c_new
+            fk = torch.exp(fk - _safe(c))
+            fq = shift(fq + c)
+        tri = torch.ones(t1 - t0, t1 - t0, dtype=torch.bool, device=v.device).tril()
+        a = (fq @ fk.transpose(-1, -2)).masked_fill(~tri, 0.0)  # (B, H, c, c), s <= t
+        n = fq @ state + a @ v1[:, :, t0:t1]  # (B, H, c, e + 1)
+        den = n[..., -1:]
+        outs.append(torch.where(den > 0, n[..., :-1] / den.clamp_min(_TINY), 0.0))
+        state = state + fk.transpose(-1, -2) @ v1[:, :, t0:t1]
+    return torch.cat(outs, dim=2)
+
+
+def causal_linear_attention(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    *,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Causal linear attention: position t attends to the real keys s <= t.
+
+    ``out_t = phi_q[t] . sum_{s<=t} phi_k[s] v_s^T / phi_q[t] . sum_{s<=t} phi_k[s]``, in
+    blocks of ``chunk_size`` positions (default 128): a running state
+    ``sum_{s < t0} phi_k[s] [v_s, 1]^T`` (M x (e+1)) for the earlier blocks plus the masked
+    (c, c) kernel inside the block, so time is O(L (M e + c (M + e))) and the memory kept for
+    the backward O(L (c + M) + (L / c) M e). A position with no real key at or before it
+    gets output 0. Twin: :func:`naive_causal_linear_attention`.
+
+    Parameters
+    ----------
+    phi_q, phi_k : torch.Tensor, shape (B, H, L, M), non-negative
+    v : torch.Tensor, shape (B, H, L, e)
+    key_mask : torch.Tensor of bool, shape (B, L), optional
+    chunk_size : int, optional
+
+    Returns
+    -------
+    torch.Tensor, shape (B, H, L, e), dtype of ``v``.
+    """
+    _check_qkv(phi_q, phi_k, v, key_mask, "phi_q", "phi_k")
+    _check_causal(phi_q, phi_k)
+    chunk = _causal_block_size(chunk_size)
+    dt = _compute_dtype(v)
+    with _no_autocast(v):
+        out = _causal_chunks(phi_q.to(dt), phi_k.to(dt), v, key_mask, chunk)
+    return out.to(v.dtype)
+
+
+def naive_causal_linear_attention(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Quadratic twin of :func:`causal_linear_attention`: the (L, L) kernel matrix with the
+    upper triangle and the padded keys set to 0, rows normalised."""
+    _check_qkv(phi_q, phi_k, v, key_mask, "phi_q", "phi_k")
+    _check_causal(phi_q, phi_k)
+    dt = _compute_dtype(v)
+    L = phi_q.shape[2]
+    with _no_autocast(v):
+        a = phi_q.to(dt) @ phi_k.to(dt).transpose(-1, -2)  # (B, H, L, L)
+        a = a * torch.ones(L, L, dtype=dt, device=v.device).tril()
+        if key_mask is not None:
+            a = a * key_mask[:, None, None, :].to(dt)
+        den = a.sum(-1, keepdim=True)
+        out = torch.where(den > 0, (a @ v.to(dt)) / den.clamp_min(_TINY), 0.0)
+    return out.to(v.dtype)
+
+
+def causal_favor_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    omega: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    *,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Causal FAVOR+ attention (prefix sums in blocks, as :func:`causal_linear_attention`).
+
+    The features are ``exp(a)`` with ``a = log_positive(x, w)`` (the core map), stabilised
+    by shifts that cancel exactly: each key feature m by the running max ``c_m`` of ``a_sm``
+    over the real keys up to the end of the current block (the state of earlier blocks is
+    rescaled by ``exp(c_old - c_new)`` when it grows), each query feature by ``+c_m`` and
+    then the row max. So no exponent is positive and a key feature underflows only when it
+    is ~87 (float32) below the largest one *of the same block and feature*. Memory O(L M)
+    (the logits are materialised; not the fused path). Twin:
+    :func:`naive_causal_favor_attention`.
+
+    Parameters and result as :func:`favor_attention` (``T == S``).
+    """
+    _check_qkv(q, k, v, key_mask)
+    _check_omega(omega, q.shape[1], q.shape[-1])
+    _check_causal(q, k)
+    chunk = _causal_block_size(chunk_size)
+    dt = _compute_dtype(v)
+    with _no_autocast(v):
+        qq, kk, om = q.to(dt), k.to(dt), omega.to(dt)
+        if om.shape[0] == 1:
+            b, a = log_positive(qq, om[0]), log_positive(kk, om[0])  # (B, H, L, M)
+        else:
+            b = torch.stack([log_positive(qq[:, h], om[h]) for h in range(om.shape[0])], 1)
+            a = torch.stack([log_positive(kk[:, h], om[h]) for h in range(om.shape[0])], 1)
+        if key_mask is not None:
+            a = a.masked_fill(~key_mask[:, None, :, None], -math.inf)
+
+        def exp_rows(x):  # query features, shifted by their row max (cancels in the ratio)
+            top = _safe(x.amax(-1, keepdim=True).detach())
+            return torch.exp(x - top)
+
+        out = _causal_chunks(b, a, v, key_mask, chunk, shift=exp_rows)
+    return out.to(v.dtype)
+
+
+def naive_causal_favor_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    omega: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Twin of :func:`causal_favor_attention`: :func:`favor_features` (query row-max shift,
+    one key shift per (batch, head)) + :func:`naive_causal_linear_attention`."""
+    _check_qkv(q, k, v, key_mask)
+    _check_causal(q, k)
+    pq = favor_features(q, omega, is_query=True)
+    pk = favor_features(k, omega, is_query=False, key_mask=key_mask)
+    return naive_causal_linear_attention(pq, pk, v, key_mask)
