@@ -254,7 +254,8 @@ def target_lines(task: str, variants: dict[str, list[dict]]) -> list[str]:
             d, lo, hi, _ = paired_difference([float(lrn[s][m]) for s in seeds],
                                              [float(van[s][m]) for s in seeds])
             parts.append(f"{m} {_verdict(m, d, lo, hi)}")
-        lines.append(f"- {name} vs {att}-vanilla ({len(seeds)} seeds): " + "; ".join(parts))
+        n = f"{len(seeds)} seed" + ("s" if len(seeds) != 1 else "")
+        lines.append(f"- {name} vs {att}-vanilla ({n}): " + "; ".join(parts))
 
     def mean(name, key):
         return float(np.mean([float(r[key]) for r in variants[name]]))
