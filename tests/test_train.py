@@ -274,3 +274,25 @@ def test_report_target_lines_say_where_targets_hold_and_where_not():
     assert "NOT met" in text and "no learned variant" in text
     assert "QQP target, best learned ahead of softmax in accuracy: NOT met" in "\n".join(
         report.target_lines("qqp", worse))
+
+
+def test_checkpoints_written_before_a_config_key_existed_still_resume(tmp_path):
+    """Keys added later (``embeddings``, ``model.embedding_dim``) are left out of the stored
+    checkpoint config at their old value: a run written before they existed resumes."""
+    cfg = train_cmd.build_config(_args(tmp_path), {"task": "sst2", "attention": "favor",
+                                                   "kernel": "vanilla"})
+    d = train_cmd.checkpoint_config(train_cmd.to_dict(cfg))
+    assert "embeddings" not in d and "embedding_dim" not in d["model"]
+    assert train_cmd.checkpoint_config({"embeddings": "minilm",
+                                        "model": {"embedding_dim": 384}}) == {
+        "embeddings": "minilm", "model": {"embedding_dim": 384}}
+    out = tmp_path / "run"
+    train_cmd.train_one(cfg, out, data_dir=str(SAMPLES_DIR), log=lambda *_: None)
+    for stage in ("warmup", "finetune"):
+        ck = latest_checkpoint(out / "ckpt" / stage)
+        meta = json.loads((ck / "state.json").read_text())
+        assert "embeddings" not in meta["config"]["run"]  # the pre-existing format
+        assert "embedding_dim" not in meta["config"]["run"]["model"]
+    m = train_cmd.train_one(cfg, out, data_dir=str(SAMPLES_DIR), resume=True,
+                            log=lambda *_: None)
+    assert m["config"]["embeddings"] == "scratch"  # metrics.json keeps the full config

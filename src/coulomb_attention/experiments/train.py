@@ -144,11 +144,33 @@ class RunConfig:
                              "representations of a warmed-up model)")
 
 
+# Config keys added after checkpoints were first written, with the value every older run had.
+# They are left out of the config stored in (and compared with) checkpoints while they hold
+# that value, so runs written before a key existed still resume.
+_LATER_KEYS: dict[tuple[str, ...], Any] = {
+    ("embeddings",): "scratch",
+    ("model", "embedding_dim"): None,
+}
+
+
+def checkpoint_config(d: dict) -> dict:
+    """``d`` (a config dict) as stored in checkpoints: :data:`_LATER_KEYS` at their old value
+    dropped. A copy; ``d`` is unchanged."""
+    d = json.loads(json.dumps(d))
+    for path, old in _LATER_KEYS.items():
+        node = d
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and path[-1] in node and node[path[-1]] == old:
+            del node[path[-1]]
+    return d
+
+
 def warmup_config(config: RunConfig) -> dict:
     """The part of the config the warm-up depends on (identical for vanilla and learned)."""
     d = to_dict(config)
-    return {k: d[k] for k in ("task", "attention", "seed", "warmup_epochs", "embeddings", "data",
-                              "model")}
+    return checkpoint_config({k: d[k] for k in ("task", "attention", "seed", "warmup_epochs",
+                                                "embeddings", "data", "model")})
 
 
 # ---------------------------------------------------------------------------- data
@@ -350,7 +372,7 @@ def train_one(
     omega_before = [layer.omega.clone() for layer in model.attention_layers]
     res = fit(model, train_set, config.train, seed=config.seed + 1, evaluate=monitor,
               runtime=runtime, checkpoint_dir=ckpt_root / "finetune", resume=True,
-              run_config=to_dict(config), desc="fine-tune")
+              run_config=checkpoint_config(to_dict(config)), desc="fine-tune")
     for layer, before in zip(model.attention_layers, omega_before, strict=False):
         assert torch.equal(layer.omega, before), "phase B must not move the particles"
     timings["phase_b_s"] = res.train_time_s
