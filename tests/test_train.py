@@ -296,3 +296,49 @@ def test_checkpoints_written_before_a_config_key_existed_still_resume(tmp_path):
     m = train_cmd.train_one(cfg, out, data_dir=str(SAMPLES_DIR), resume=True,
                             log=lambda *_: None)
     assert m["config"]["embeddings"] == "scratch"  # metrics.json keeps the full config
+
+
+def test_learned_run_encodes_with_the_tokenizer_of_the_warmup_it_reuses(tmp_path, monkeypatch):
+    """WordPiece training is not deterministic across processes (tied merges), so a learned
+    run that starts from its vanilla sibling's warm-up must take the sibling's tokenizer too,
+    never train its own: here every fresh training gives a different vocabulary."""
+    from coulomb_attention.data import build_tokenizer
+
+    trained = []
+
+    def unstable(texts, vocab_size, cache_path):
+        if cache_path.is_file():
+            return build_tokenizer(texts, vocab_size=vocab_size, cache_path=cache_path)
+        # a fresh training: two token ids swapped, differently each time (a tie broken the
+        # other way), same fingerprint
+        trained.append(cache_path)
+        build_tokenizer(texts, vocab_size=vocab_size, cache_path=cache_path)
+        d = json.loads(cache_path.read_text())
+        vocab = d["tokenizer"]["model"]["vocab"]
+        a, b = sorted(vocab, key=vocab.get)[40 + len(trained): 42 + len(trained)]
+        vocab[a], vocab[b] = vocab[b], vocab[a]
+        cache_path.write_text(json.dumps(d))
+        return build_tokenizer(texts, vocab_size=vocab_size, cache_path=cache_path)
+
+    monkeypatch.setattr(train_cmd, "build_tokenizer", unstable)
+    out = tmp_path / "results"
+    args = _args(tmp_path, tasks="rotten_tomatoes", seeds="0",
+                 variants="favor-vanilla,favor-learned", out=str(out))
+    suite.run_suite(args, log=lambda *a: None)
+    van, lrn = (out / "rotten_tomatoes" / v / "seed0" for v in ("favor-vanilla", "favor-learned"))
+    assert trained == [van / "tokenizer.json"]
+    assert (lrn / "tokenizer.json").read_bytes() == (van / "tokenizer.json").read_bytes()
+    ml, mv = (json.loads((d / "metrics.json").read_text()) for d in (lrn, van))
+    assert ml["config"]["model"]["vocab_size"] == mv["config"]["model"]["vocab_size"]
+    # The warm-up is copied only to a run with the same tokenizer; one that already has its
+    # own (different) vocabulary trains its own warm-up.
+    from coulomb_attention.config import from_dict
+
+    cfg = from_dict(train_cmd.RunConfig, ml["config"])
+    for name, text in (("same", (van / "tokenizer.json").read_text()),
+                       ("other", (van / "tokenizer.json").read_text() + " ")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(text)
+        train_cmd._copy_warmup(van, tmp_path / name, cfg)
+    assert (tmp_path / "same" / "ckpt" / "warmup" / "latest.json").is_file()
+    assert not (tmp_path / "other" / "ckpt").exists()

@@ -35,6 +35,7 @@ from ..nn.attention import ATTENTION_FEATURES
 from ..nn.model import ModelConfig, TransformerClassifier
 from ..train.checkpoint import (
     atomic_write_json,
+    atomic_write_text,
     latest_checkpoint,
     load_model_file,
     save_model_file,
@@ -181,7 +182,11 @@ def _encode(tokenizer, texts, labels, max_length) -> EncodedDataset:
     return EncodedDataset(ids, mask, torch.as_tensor(np.asarray(labels), dtype=torch.long))
 
 
-def _load_data(config: RunConfig, data_dir, out: Path):
+def _load_data(config: RunConfig, data_dir, out: Path, tokenizer_from=None):
+    """Task splits and the tokenizer. ``out/tokenizer.json`` is reused when it exists; else,
+    with ``tokenizer_from`` (the run whose warm-up will be reused), that run's tokenizer when
+    it was built from the same texts and settings (see :func:`_copy_warmup`); else a new one
+    is trained."""
     spec = DATASETS[config.task]
     train = load_task(config.task, spec.train_split, data_dir, limit=config.data.train_limit,
                       random_state=config.seed)
@@ -194,8 +199,16 @@ def _load_data(config: RunConfig, data_dir, out: Path):
         except FileNotFoundError:
             adv = None
     if config.embeddings == "scratch":
+        own = out / "tokenizer.json"
+        src = None if tokenizer_from is None else Path(tokenizer_from) / "tokenizer.json"
+        if not own.is_file() and src is not None and src.is_file():
+            try:  # loads and checks the fingerprint (same texts and settings)
+                build_tokenizer(train.texts, vocab_size=config.data.vocab_size, cache_path=src)
+                atomic_write_text(own, src.read_text(encoding="utf-8"))
+            except ValueError:
+                pass  # built from other texts: train this run's own
         tokenizer = build_tokenizer(train.texts, vocab_size=config.data.vocab_size,
-                                    cache_path=out / "tokenizer.json")
+                                    cache_path=own)
     else:
         from ..nn.pretrained import load_pretrained_tokenizer
 
@@ -285,7 +298,7 @@ def train_one(
     data_dir = _resolve_data_dir(data_dir)
     t_start = time.perf_counter()
     with _main_first(runtime):  # rank 0 writes the tokenizer cache, the others then read it
-        spec, train, ev, adv, tokenizer = _load_data(config, data_dir, out)
+        spec, train, ev, adv, tokenizer = _load_data(config, data_dir, out, warmup_from)
     table = _pretrained_table(config)
     if table is not None and table.shape[0] != tokenizer.vocab_size:
         raise ValueError(f"embeddings {config.embeddings!r}: the token table has "
@@ -323,7 +336,7 @@ def train_one(
     # -- warm-up (fixed features)
     warm_dir = ckpt_root / "warmup"
     if warmup_from is not None and latest_checkpoint(warm_dir) is None:
-        _copy_warmup(Path(warmup_from) / "ckpt" / "warmup", warm_dir, config)
+        _copy_warmup(Path(warmup_from), out, config)
     if config.warmup_epochs:
         res = fit(model, train_set, override(config.train, {"epochs": config.warmup_epochs}),
                   seed=config.seed, evaluate=monitor, runtime=runtime, checkpoint_dir=warm_dir,
@@ -419,16 +432,26 @@ def train_one(
     return metrics
 
 
-def _copy_warmup(src: Path, dst: Path, config: RunConfig) -> None:
+def _copy_warmup(src_run: Path, dst_run: Path, config: RunConfig) -> None:
+    """Copy the finished warm-up of run ``src_run`` (same :func:`warmup_config`) into
+    ``dst_run``, only if both runs encode with the same tokenizer: WordPiece training is not
+    deterministic across processes (HF tokenizers breaks tied merges in hash-map order,
+    huggingface/tokenizers#1794), so a warm-up checkpoint is valid only with the vocabulary
+    it was trained on (:func:`_load_data` gives the copying run its source's tokenizer)."""
     import shutil
 
-    ck = latest_checkpoint(src)
+    ck = latest_checkpoint(src_run / "ckpt" / "warmup")
     if ck is None:
         return
     meta = json.loads((ck / "state.json").read_text())
     if meta["epoch"] != config.warmup_epochs or meta["config"]["run"] != json.loads(
             json.dumps(warmup_config(config))):
         return
+    src_tok, dst_tok = src_run / "tokenizer.json", dst_run / "tokenizer.json"
+    if src_tok.is_file() != dst_tok.is_file() or (
+            src_tok.is_file() and src_tok.read_bytes() != dst_tok.read_bytes()):
+        return
+    dst = dst_run / "ckpt" / "warmup"
     dst.mkdir(parents=True, exist_ok=True)
     shutil.copytree(ck, dst / ck.name, dirs_exist_ok=True)
     atomic_write_json(dst / "latest.json", {"name": ck.name})
