@@ -446,7 +446,7 @@ def test_causal_linear_attention_matches_naive(chunk):
     mask = _mask(2, 13, [13, 9])
     mask[1, :3] = False  # leading padding: rows 0..2 of sequence 1 have no key (output 0)
     fast = AF.causal_linear_attention(pq, pk, v, mask, chunk_size=chunk)
-    slow = AF.naive_causal_linear_attention(pq, pk, v, mask)
+    slow = AF.naive_linear_attention(pq, pk, v, mask, causal=True)
     assert rel_err(fast, slow) < 1e-12
     assert torch.equal(fast[1, :, :3], torch.zeros_like(fast[1, :, :3]))
     for a, b in zip(_grads(fast, (pq, pk, v)), _grads(slow, (pq, pk, v)), strict=True):
@@ -464,7 +464,7 @@ def test_causal_favor_matches_naive(groups, chunk):
     omega.requires_grad_()
     mask = _mask(2, 13, [13, 6])
     fast = AF.causal_favor_attention(q, k, v, omega, mask, chunk_size=chunk)
-    slow = AF.naive_causal_favor_attention(q, k, v, omega, mask)
+    slow = AF.naive_favor_attention(q, k, v, omega, mask, causal=True)
     assert rel_err(fast, slow) < 1e-12
     ga, gb = _grads(fast, (q, k, v, omega)), _grads(slow, (q, k, v, omega))
     for a, b in zip(ga, gb, strict=True):
@@ -488,7 +488,7 @@ def test_causal_favor_online_shift_survives_large_norms():
     exact = torch.softmax(log_k.masked_fill(future, -math.inf), -1) @ v.double()
     assert torch.isfinite(fast).all()
     assert rel_err(fast.double(), exact) < 1e-4
-    naive32 = AF.naive_causal_favor_attention(q, k, v, omega)
+    naive32 = AF.naive_favor_attention(q, k, v, omega, causal=True)
     assert rel_err(naive32.double(), exact) > 0.1  # what the online shift avoids
 
 

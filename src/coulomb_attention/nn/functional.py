@@ -37,9 +37,7 @@ __all__ = [
     "favor_attention",
     "naive_favor_attention",
     "causal_linear_attention",
-    "naive_causal_linear_attention",
     "causal_favor_attention",
-    "naive_causal_favor_attention",
 ]
 
 # Smallest normaliser: keeps a fully padded row (or total underflow) finite (output 0).
@@ -141,17 +139,25 @@ def naive_linear_attention(
     phi_k: torch.Tensor,
     v: torch.Tensor,
     key_mask: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
 ) -> torch.Tensor:
-    """Quadratic twin of :func:`linear_attention`: builds the ``(T, S)`` kernel matrix.
+    """Quadratic twin of :func:`linear_attention` (and, with ``causal=True``, of
+    :func:`causal_linear_attention`): builds the ``(T, S)`` kernel matrix.
 
-    Same arguments and result; ``A = phi_q phi_k^T`` masked over keys, rows normalised.
+    Same arguments and result; ``A = phi_q phi_k^T`` masked over keys (causal: and over
+    ``s > t``), rows normalised (a row without any key gives 0).
     """
     _check_qkv(phi_q, phi_k, v, key_mask, "phi_q", "phi_k")
+    if causal:
+        _check_causal(phi_q, phi_k)
     dt = _compute_dtype(v)
     with _no_autocast(v):
         a = phi_q.to(dt) @ phi_k.to(dt).transpose(-1, -2)  # (B, H, T, S)
         if key_mask is not None:
             a = a * key_mask[:, None, None, :].to(dt)
+        if causal:
+            a = a.tril()
         out = (a @ v.to(dt)) / a.sum(-1, keepdim=True).clamp_min(_TINY)
     return out.to(v.dtype)
 
@@ -276,15 +282,19 @@ def naive_favor_attention(
     v: torch.Tensor,
     omega: torch.Tensor,
     key_mask: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
 ) -> torch.Tensor:
     """Reference FAVOR+ attention: :func:`favor_features` + :func:`naive_linear_attention`.
 
-    Same arguments and result as :func:`favor_attention`; memory O(T S) per head.
+    Same arguments and result as :func:`favor_attention` (``causal=True``: as
+    :func:`causal_favor_attention`, but with one key shift per (batch, head), so early
+    prefixes can underflow where the online shift does not); memory O(T S) per head.
     """
     _check_qkv(q, k, v, key_mask)
     pq = favor_features(q, omega, is_query=True)
     pk = favor_features(k, omega, is_query=False, key_mask=key_mask)
-    return naive_linear_attention(pq, pk, v, key_mask)
+    return naive_linear_attention(pq, pk, v, key_mask, causal=causal)
 
 
 def _chunks(n: int, size: int):
@@ -737,7 +747,7 @@ def causal_linear_attention(
     ``sum_{s < t0} phi_k[s] [v_s, 1]^T`` (M x (e+1)) for the earlier blocks plus the masked
     (c, c) kernel inside the block, so time is O(L (M e + c (M + e))) and the memory kept for
     the backward O(L (c + M) + (L / c) M e). A position with no real key at or before it
-    gets output 0. Twin: :func:`naive_causal_linear_attention`.
+    gets output 0. Twin: :func:`naive_linear_attention` with ``causal=True``.
 
     Parameters
     ----------
@@ -759,28 +769,6 @@ def causal_linear_attention(
     return out.to(v.dtype)
 
 
-def naive_causal_linear_attention(
-    phi_q: torch.Tensor,
-    phi_k: torch.Tensor,
-    v: torch.Tensor,
-    key_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Quadratic twin of :func:`causal_linear_attention`: the (L, L) kernel matrix with the
-    upper triangle and the padded keys set to 0, rows normalised."""
-    _check_qkv(phi_q, phi_k, v, key_mask, "phi_q", "phi_k")
-    _check_causal(phi_q, phi_k)
-    dt = _compute_dtype(v)
-    L = phi_q.shape[2]
-    with _no_autocast(v):
-        a = phi_q.to(dt) @ phi_k.to(dt).transpose(-1, -2)  # (B, H, L, L)
-        a = a * torch.ones(L, L, dtype=dt, device=v.device).tril()
-        if key_mask is not None:
-            a = a * key_mask[:, None, None, :].to(dt)
-        den = a.sum(-1, keepdim=True)
-        out = torch.where(den > 0, (a @ v.to(dt)) / den.clamp_min(_TINY), 0.0)
-    return out.to(v.dtype)
-
-
 def causal_favor_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -798,8 +786,8 @@ def causal_favor_attention(
     rescaled by ``exp(c_old - c_new)`` when it grows), each query feature by ``+c_m`` and
     then the row max. So no exponent is positive and a key feature underflows only when it
     is ~87 (float32) below the largest one *of the same block and feature*. Memory O(L M)
-    (the logits are materialised; not the fused path). Twin:
-    :func:`naive_causal_favor_attention`.
+    (the logits are materialised; not the fused path). Twin: :func:`naive_favor_attention`
+    with ``causal=True``.
 
     Parameters and result as :func:`favor_attention` (``T == S``).
     """
@@ -824,19 +812,3 @@ def causal_favor_attention(
 
         out = _causal_chunks(b, a, v, key_mask, chunk, shift=exp_rows)
     return out.to(v.dtype)
-
-
-def naive_causal_favor_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    omega: torch.Tensor,
-    key_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Twin of :func:`causal_favor_attention`: :func:`favor_features` (query row-max shift,
-    one key shift per (batch, head)) + :func:`naive_causal_linear_attention`."""
-    _check_qkv(q, k, v, key_mask)
-    _check_causal(q, k)
-    pq = favor_features(q, omega, is_query=True)
-    pk = favor_features(k, omega, is_query=False, key_mask=key_mask)
-    return naive_causal_linear_attention(pq, pk, v, key_mask)
