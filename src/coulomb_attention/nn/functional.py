@@ -228,6 +228,13 @@ def _safe(shift: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
 
 
+def _favor_logits(u: torch.Tensor, om: torch.Tensor) -> torch.Tensor:
+    """``log_positive(u, w)`` of (B, H, L, d) with omega (1 or H, M, d): (B, H, L, M)."""
+    if om.shape[0] == 1:
+        return log_positive(u, om[0])
+    return torch.stack([log_positive(u[:, h], om[h]) for h in range(om.shape[0])], dim=1)
+
+
 def favor_features(
     u: torch.Tensor,
     omega: torch.Tensor,
@@ -259,13 +266,8 @@ def favor_features(
     check_key_mask(key_mask, u.shape[0], u.shape[2])
     dt = _compute_dtype(u)
     with _no_autocast(u):
-        uu, om = u.to(dt), omega.to(dt)
-        if om.shape[0] == 1:
-            logits = log_positive(uu, om[0])  # (B, H, L, M)
-        else:
-            logits = torch.stack(
-                [log_positive(uu[:, h], om[h]) for h in range(om.shape[0])], dim=1
-            )
+        om = omega.to(dt)
+        logits = _favor_logits(u.to(dt), om)  # (B, H, L, M)
         if is_query:
             shift = logits.amax(-1, keepdim=True)  # (B, H, L, 1)
         else:
@@ -654,10 +656,7 @@ def favor_attention(
     dt = _compute_dtype(v)
     shared = omega.shape[0] == 1
     groups = B * H if shared else B
-    if chunk_size is None:
-        chunk_size = default_chunk_size(groups, omega.shape[1])
-    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    chunk_size = _chunk_size(chunk_size, default_chunk_size(groups, omega.shape[1]))
     with _no_autocast(v):
         qq, kk, vv, om = (t.to(dt) for t in (q, k, v, omega))
         if shared:
@@ -688,9 +687,10 @@ def favor_attention(
 # --------------------------------------------------------------------------- causal
 
 
-def _causal_block_size(chunk_size) -> int:
+def _chunk_size(chunk_size, default: int) -> int:
+    """``chunk_size`` checked (a positive int), or ``default`` when it is None."""
     if chunk_size is None:
-        return 128
+        return default
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
     return chunk_size
@@ -762,7 +762,7 @@ def causal_linear_attention(
     """
     _check_qkv(phi_q, phi_k, v, key_mask, "phi_q", "phi_k")
     _check_causal(phi_q, phi_k)
-    chunk = _causal_block_size(chunk_size)
+    chunk = _chunk_size(chunk_size, 128)
     dt = _compute_dtype(v)
     with _no_autocast(v):
         out = _causal_chunks(phi_q.to(dt), phi_k.to(dt), v, key_mask, chunk)
@@ -794,15 +794,11 @@ def causal_favor_attention(
     _check_qkv(q, k, v, key_mask)
     _check_omega(omega, q.shape[1], q.shape[-1])
     _check_causal(q, k)
-    chunk = _causal_block_size(chunk_size)
+    chunk = _chunk_size(chunk_size, 128)
     dt = _compute_dtype(v)
     with _no_autocast(v):
-        qq, kk, om = q.to(dt), k.to(dt), omega.to(dt)
-        if om.shape[0] == 1:
-            b, a = log_positive(qq, om[0]), log_positive(kk, om[0])  # (B, H, L, M)
-        else:
-            b = torch.stack([log_positive(qq[:, h], om[h]) for h in range(om.shape[0])], 1)
-            a = torch.stack([log_positive(kk[:, h], om[h]) for h in range(om.shape[0])], 1)
+        om = omega.to(dt)
+        b, a = _favor_logits(q.to(dt), om), _favor_logits(k.to(dt), om)  # (B, H, L, M)
         if key_mask is not None:
             a = a.masked_fill(~key_mask[:, None, :, None], -math.inf)
 
