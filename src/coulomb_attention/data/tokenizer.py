@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from tokenizers import decoders, normalizers, pre_tokenizers, processors, traine
 from tokenizers.models import WordPiece
 
 from .._validation import check_positive
+from .wordpiece import train_wordpiece
 
 __all__ = ["SPECIAL_TOKENS", "Tokenizer", "build_tokenizer", "texts_fingerprint"]
 
@@ -28,6 +30,10 @@ __all__ = ["SPECIAL_TOKENS", "Tokenizer", "build_tokenizer", "texts_fingerprint"
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _FORMAT = "coulomb-attention/wordpiece"
 _VERSION = 1
+#: Recorded in a trained tokenizer's metadata. Cached files are reused whatever trained them
+#: (a run keeps the vocabulary it started with); files without this key came from HF's
+#: non-deterministic ``WordPieceTrainer`` (earlier versions of this library).
+TRAINER = "coulomb-attention/wordpiece-v1"
 
 
 def texts_fingerprint(texts: Sequence[tuple[str, ...] | str], **settings) -> str:
@@ -332,31 +338,28 @@ def build_tokenizer(
                 )
             return tok
 
-    hf = _HFTokenizer(WordPiece(unk_token="[UNK]"))
-    hf.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
-    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        limit_alphabet=limit_alphabet,
-        special_tokens=list(SPECIAL_TOKENS),
-        show_progress=False,
-    )
-    flat = [s for t in items for s in t]
-    hf.train_from_iterator(flat, trainer=trainer, length=len(flat))
-    # The trainer numbers tokens in hash-map order (different in every process); renumber them
-    # canonically (special tokens first, the rest sorted) so equal vocabularies get equal ids.
-    learned = sorted(t for t in hf.get_vocab(with_added_tokens=True) if t not in SPECIAL_TOKENS)
-    vocab = {t: i for i, t in enumerate((*SPECIAL_TOKENS, *learned))}
+    # HF's WordPieceTrainer breaks ties in hash-map order (a different vocabulary in every
+    # process, huggingface/tokenizers#1794): train with the deterministic trainer instead, on
+    # words split by the same normaliser and pre-tokeniser that encoding uses.
+    normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    counts: Counter[str] = Counter()
+    for t in items:
+        for s in t:
+            counts.update(w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(s)))
+    learned = train_wordpiece(dict(counts), vocab_size, min_frequency=min_frequency,
+                              limit_alphabet=limit_alphabet, special_tokens=SPECIAL_TOKENS)
+    # canonical ids: special tokens first, the rest sorted
+    vocab = {t: i for i, t in enumerate((*SPECIAL_TOKENS, *sorted(learned[len(SPECIAL_TOKENS):])))}
     hf = _HFTokenizer(WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##"))
     hf.add_special_tokens(list(SPECIAL_TOKENS))
     assert [hf.token_to_id(t) for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
     _bert_pipeline(hf, lowercase, vocab["[CLS]"], vocab["[SEP]"])
-    meta = {**settings, "fingerprint": fingerprint, "n_texts": len(items)}
+    meta = {**settings, "fingerprint": fingerprint, "n_texts": len(items), "trainer": TRAINER}
     tok = Tokenizer(hf, meta)
     if path is not None and not _atomic_write_text(path, tok._to_json(), exclusive=True):
         # another process cached the same texts meanwhile: use its file, so that every user of
-        # the cache sees the same vocabulary (HF training may break ties differently)
+        # the cache sees the same vocabulary
         return build_tokenizer(
             items,
             vocab_size,
