@@ -299,9 +299,9 @@ def test_checkpoints_written_before_a_config_key_existed_still_resume(tmp_path):
 
 
 def test_learned_run_encodes_with_the_tokenizer_of_the_warmup_it_reuses(tmp_path, monkeypatch):
-    """WordPiece training is not deterministic across processes (tied merges), so a learned
-    run that starts from its vanilla sibling's warm-up must take the sibling's tokenizer too,
-    never train its own: here every fresh training gives a different vocabulary."""
+    """A learned run that starts from its vanilla sibling's warm-up must take the sibling's
+    tokenizer too, never train its own (HF's WordPiece trainer, used before, was not
+    deterministic across processes): here every fresh training gives a different vocabulary."""
     from coulomb_attention.data import build_tokenizer
 
     trained = []

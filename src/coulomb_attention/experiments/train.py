@@ -434,10 +434,11 @@ def train_one(
 
 def _copy_warmup(src_run: Path, dst_run: Path, config: RunConfig) -> None:
     """Copy the finished warm-up of run ``src_run`` (same :func:`warmup_config`) into
-    ``dst_run``, only if both runs encode with the same tokenizer: WordPiece training is not
-    deterministic across processes (HF tokenizers breaks tied merges in hash-map order,
-    huggingface/tokenizers#1794), so a warm-up checkpoint is valid only with the vocabulary
-    it was trained on (:func:`_load_data` gives the copying run its source's tokenizer)."""
+    ``dst_run``, only if both runs encode with the same tokenizer: a warm-up checkpoint is valid
+    only with the vocabulary it was trained on. Vocabularies are now trained deterministically,
+    but run folders from earlier versions hold ones from HF's WordPieceTrainer, which breaks
+    tied merges in hash-map order (huggingface/tokenizers#1794); :func:`_load_data` gives the
+    copying run its source's tokenizer."""
     import shutil
 
     ck = latest_checkpoint(src_run / "ckpt" / "warmup")
