@@ -240,6 +240,22 @@ def test_suite_skips_finished_runs_and_report_builds(tmp_path):
     assert "Wall time: 2 run(s)" in text and "one seed of these 2 variant(s)" in text
     for name in ("reliability", "accuracy_ece", "robustness"):
         assert (out / "plots" / f"rotten_tomatoes_{name}.png").stat().st_size > 1000
+    # Vocabulary provenance: metrics.json names the trainer; the report says re-runs reproduce.
+    from coulomb_attention.data.tokenizer import HF_TRAINER, TRAINER
+
+    assert json.loads(paths[0].read_text())["tokenizer"]["trainer"] == TRAINER
+    assert "Vocabulary: trained deterministically" in text
+    # A run written by an earlier version: no `tokenizer` key, a tokenizer.json without
+    # `trainer` in its metadata (HF's trainer). The report says which runs do not reproduce.
+    m = json.loads(paths[1].read_text())
+    del m["tokenizer"]
+    paths[1].write_text(json.dumps(m))
+    tok = json.loads((paths[1].parent / "tokenizer.json").read_text())
+    del tok["meta"]["trainer"]
+    (paths[1].parent / "tokenizer.json").write_text(json.dumps(tok))
+    assert report._tokenizer_trainer(report.load_results(out)[0]) == HF_TRAINER
+    text = report.build_report(out, plots=False).read_text()
+    assert "Vocabulary: 1 of 2 runs trained it with HF's WordPieceTrainer" in text
     m, lo, hi, n = report.paired_difference([0.8, 0.9, 0.85], [0.7, 0.8, 0.8])
     assert n == 3 and m == pytest.approx(0.0833333) and lo < m < hi
 

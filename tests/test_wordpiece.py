@@ -100,4 +100,4 @@ def test_tokenizer_is_identical_across_processes(tmp_path):
     texts = load_task("qqp", "train", SAMPLES_DIR).texts
     here = build_tokenizer(texts, vocab_size=1500, cache_path=tmp_path / "here.json")
     assert (tmp_path / "here.json").read_bytes() == a
-    assert len(here) == 1500
+    assert len(here) == 1500 and here.trainer == TRAINER

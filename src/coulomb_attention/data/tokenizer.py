@@ -24,7 +24,8 @@ from tokenizers.models import WordPiece
 from .._validation import check_positive
 from .wordpiece import train_wordpiece
 
-__all__ = ["SPECIAL_TOKENS", "Tokenizer", "build_tokenizer", "texts_fingerprint"]
+__all__ = ["HF_TRAINER", "SPECIAL_TOKENS", "TRAINER", "Tokenizer", "build_tokenizer",
+           "texts_fingerprint"]
 
 #: Special tokens of a trained vocabulary, in id order ([PAD] = 0).
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -34,6 +35,8 @@ _VERSION = 1
 #: (a run keeps the vocabulary it started with); files without this key came from HF's
 #: non-deterministic ``WordPieceTrainer`` (earlier versions of this library).
 TRAINER = "coulomb-attention/wordpiece-v1"
+#: What :attr:`Tokenizer.trainer` says for a trained file without the ``trainer`` key.
+HF_TRAINER = "hf-tokenizers/WordPieceTrainer"
 
 
 def texts_fingerprint(texts: Sequence[tuple[str, ...] | str], **settings) -> str:
@@ -267,6 +270,18 @@ class Tokenizer:
     def backend(self) -> _HFTokenizer:
         """The underlying ``tokenizers.Tokenizer``."""
         return self._tok
+
+    @property
+    def trainer(self) -> str:
+        """Where the vocabulary came from: :data:`TRAINER` (deterministic), :data:`HF_TRAINER`
+        (a file trained by an earlier version of this library with HF's trainer, which is not
+        deterministic across processes), ``"pretrained"`` (a ``vocab.txt``) or ``"unknown"``
+        (a plain HF ``tokenizer.json``)."""
+        if "trainer" in self.meta:
+            return str(self.meta["trainer"])
+        if "fingerprint" in self.meta:
+            return HF_TRAINER
+        return "pretrained" if "vocab_file" in self.meta else "unknown"
 
     def __len__(self) -> int:
         return self.vocab_size

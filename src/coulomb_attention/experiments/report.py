@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.tokenizer import HF_TRAINER, TRAINER
+
 __all__ = ["add_arguments", "build_report", "load_results", "paired_difference", "run",
            "target_lines"]
 
@@ -44,6 +46,7 @@ def load_results(results: str | Path) -> list[dict]:
             raise ValueError(f"{path}: not a metrics.json of `train` (missing "
                              f"{', '.join(missing)})")
         data["_path"] = str(path.relative_to(results))
+        data["_dir"] = str(path.parent)
         rows.append(data)
     if not rows:
         raise FileNotFoundError(f"no */*/seed*/metrics.json under {results}")
@@ -296,6 +299,36 @@ def _embeddings_note(variants: dict[str, list[dict]]) -> str:
             "width; the rest trained from scratch).")
 
 
+def _tokenizer_trainer(r: dict) -> str:
+    """The run's vocabulary source: from ``metrics.json`` (``tokenizer.trainer``), else (runs
+    written before that key existed) from the metadata of the run's ``tokenizer.json``."""
+    trainer = (r.get("tokenizer") or {}).get("trainer")
+    if trainer:
+        return str(trainer)
+    if r.get("config", {}).get("embeddings", "scratch") != "scratch":
+        return "pretrained"
+    path = Path(r.get("_dir", "")) / "tokenizer.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8")).get("meta", {})
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+    return str(meta.get("trainer", HF_TRAINER if "fingerprint" in meta else "unknown"))
+
+
+def _tokenizer_note(variants: dict[str, list[dict]]) -> str:
+    """Whether the runs' vocabularies were trained deterministically (re-runs reproduce)."""
+    trainers = [_tokenizer_trainer(r) for runs in variants.values() for r in runs]
+    n_hf = sum(t == HF_TRAINER for t in trainers)
+    if n_hf:
+        return (f" Vocabulary: {n_hf} of {len(trainers)} runs trained it with HF's "
+                "WordPieceTrainer, which is not deterministic across processes, so re-running "
+                "them does not reproduce their numbers exactly (docs/transformer.md).")
+    if trainers and all(t == TRAINER for t in trainers):
+        return (" Vocabulary: trained deterministically (`" + TRAINER + "`): a run repeated "
+                "with the same seed, library version and hardware reproduces its weights.")
+    return ""
+
+
 def build_report(results: str | Path, plots: bool = True) -> Path:
     """Write ``RESULTS/report.md`` (and the plots); returns its path."""
     results = Path(results)
@@ -318,7 +351,7 @@ def build_report(results: str | Path, plots: bool = True) -> Path:
                   f"({any_run.get('n_train')} examples"
                   + (", a seeded random subset" if any_run.get("config", {}).get("data", {})
                      .get("train_limit") else "") + ")."
-                  + _embeddings_note(variants), ""]
+                  + _embeddings_note(variants) + _tokenizer_note(variants), ""]
         header = ["variant", "seeds", *COLUMNS]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for name in sorted(variants):

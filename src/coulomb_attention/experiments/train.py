@@ -422,6 +422,8 @@ def train_one(
         "n_params": n_params,
         "n_trainable_params": n_trainable,
         "torch_threads": torch.get_num_threads(),
+        "tokenizer": {"trainer": tokenizer.trainer, "vocab_size": tokenizer.vocab_size,
+                      "fingerprint": tokenizer.meta.get("fingerprint")},
         "config": to_dict(config),
     }
     if runtime.is_main:
