@@ -93,6 +93,71 @@ def test_fused_favor_matches_naive(groups, chunk):
         assert rel_err(a, b) < 1e-10
 
 
+def test_fused_favor_workspace_reuse_across_calls_sizes_modes_and_threads():
+    """Scratch buffers are kept between calls (per thread): results must not depend on what
+    ran before (larger or smaller shapes, other dtypes, inference mode), two FAVOR+ layers in
+    one graph must back-propagate correctly, and concurrent threads must not share buffers."""
+    import threading
+
+    AF.clear_workspace()
+    omega = torch.randn(1, 16, 8, generator=_gen(5), dtype=torch.float64)
+
+    def check(T, B=2, seed=0):
+        q, k, v = _qkv(seed=seed, B=B, T=T, S=T)
+        fast = AF.favor_attention(q, k, v, omega, chunk_size=4)
+        slow = AF.naive_favor_attention(q, k, v, omega)
+        assert rel_err(fast, slow) < 1e-12
+        for a, b in zip(_grads(fast, (q, k, v)), _grads(slow, (q, k, v)), strict=True):
+            assert rel_err(a, b) < 1e-10
+
+    check(13)
+    check(3, B=1)  # smaller after larger: views into the same buffers
+    check(21, B=3)  # larger: buffers grow
+    with torch.inference_mode():  # inference tensors get their own buffers
+        q, k, v = _qkv(seed=9)
+        out_inf = AF.favor_attention(q, k, v, omega, chunk_size=4)
+    check(13)
+    assert rel_err(out_inf, AF.naive_favor_attention(q, k, v, omega)) < 1e-12
+    # float32 after float64 (separate buffers), compared with the float64 result
+    q, k, v = _qkv(seed=3)
+    o32 = AF.favor_attention(q.float(), k.float(), v.float(), omega.float(), chunk_size=4)
+    assert rel_err(o32.double(), AF.naive_favor_attention(q, k, v, omega)) < 1e-5
+    # Two layers in one graph: the second forward reuses the first's scratch before either
+    # backward runs.
+    q, k, v = _qkv(seed=4, e=8)
+    fast = AF.favor_attention(AF.favor_attention(q, k, v, omega, chunk_size=4), k, v, omega,
+                              chunk_size=4)
+    slow = AF.naive_favor_attention(AF.naive_favor_attention(q, k, v, omega), k, v, omega)
+    assert rel_err(fast, slow) < 1e-12
+    for a, b in zip(_grads(fast, (q, k, v)), _grads(slow, (q, k, v)), strict=True):
+        assert rel_err(a, b) < 1e-10
+    # Concurrent threads
+    errors = []
+
+    def worker(seed):
+        try:
+            for i in range(5):
+                check(9 + 2 * i, seed=seed)
+        except AssertionError as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in (11, 12, 13)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    # Buffers over the limit are never cached; clear_workspace frees the cached ones.
+    like = torch.empty(0)
+    big = AF._WORKSPACE_MAX_BYTES // like.element_size() + 1
+    a = AF._scratch(like, "t", big)
+    assert a.data_ptr() != AF._scratch(like, "t", big).data_ptr()  # both alive: distinct
+    small = AF._scratch(like, "t", 100)
+    assert small.data_ptr() == AF._scratch(like, "t", 50).data_ptr()  # cached, reused
+    AF.clear_workspace()
+    assert not AF._WORKSPACE.__dict__.get("bufs")
+
+
 def _forbid(monkeypatch, *names):
     def fail(*args, **kwargs):
         raise AssertionError("the exact path ran where the fast path should")
