@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from ..nn.functional import favor_attention
+from ..nn.functional import clear_workspace, favor_attention
 from ..train.checkpoint import atomic_write_text
 
 PEAK_N = 1024  # float32 (PEAK_N, PEAK_N) @ (PEAK_N, PEAK_N): the matmul peak
@@ -311,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
         q, k, v = (torch.randn(B, H, L, d, generator=gen).requires_grad_() for _ in range(3))
         for row in (r for r in rows if r["L"] == L):
             fn = methods[row.pop("name")][1]
+            clear_workspace()  # the fused path's kept scratch blocks count in its peak
             row["peak_mem_mb"] = _peak_bytes(_forward_backward(fn, q, k, v)) / 2**20
             print(f"L={L:6d} {row['method']:12s} M={row['n_features']}: peak memory "
                   f"{row['peak_mem_mb']:8.1f} MB", flush=True)
