@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 from tokenizers import Tokenizer as _HFTokenizer
-from tokenizers import decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
 from .._validation import check_positive

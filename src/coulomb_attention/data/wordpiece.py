@@ -29,6 +29,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 
 __all__ = ["PREFIX", "train_wordpiece", "train_wordpiece_naive"]
 
@@ -130,7 +131,7 @@ def train_wordpiece(
     where: dict[tuple[str, str], set[int]] = defaultdict(set)
     for idx, seq in enumerate(words):
         c = counts[idx]
-        for p in zip(seq, seq[1:]):
+        for p in pairwise(seq):
             pair_count[p] += c
             where[p].add(idx)
     heap = [(-c, p[0], p[1]) for p, c in pair_count.items()]
@@ -153,8 +154,8 @@ def train_wordpiece(
         for idx in sorted(where.pop((a, b))):
             seq, c = words[idx], counts[idx]
             new_seq = _apply(seq, a, b, new)
-            old_pairs = Counter(zip(seq, seq[1:]))
-            new_pairs = Counter(zip(new_seq, new_seq[1:]))
+            old_pairs = Counter(pairwise(seq))
+            new_pairs = Counter(pairwise(new_seq))
             for p, k in old_pairs.items():
                 pair_count[p] -= k * c
                 if p not in new_pairs:
@@ -186,8 +187,8 @@ def train_wordpiece_naive(
     vocab = _vocab(special_tokens, symbols)
     while len(vocab) < vocab_size:
         pairs: Counter[tuple[str, str]] = Counter()
-        for seq, c in zip(words, counts):
-            for p in zip(seq, seq[1:]):
+        for seq, c in zip(words, counts, strict=True):
+            for p in pairwise(seq):
                 pairs[p] += c
         if not pairs:
             break
