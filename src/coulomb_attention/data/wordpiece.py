@@ -140,7 +140,7 @@ def train_wordpiece(
     while len(vocab) < vocab_size and heap:
         negc, a, b = heapq.heappop(heap)
         current = pair_count.get((a, b), 0)
-        if current != -negc:  # stale entry: the count fell since it was pushed
+        if current != -negc:  # stale entry: the count changed since it was pushed
             if current > 0:
                 heapq.heappush(heap, (-current, a, b))
             continue
