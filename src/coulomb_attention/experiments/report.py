@@ -325,7 +325,8 @@ def _tokenizer_note(variants: dict[str, list[dict]]) -> str:
                 "them does not reproduce their numbers exactly (docs/transformer.md).")
     if trainers and all(t == TRAINER for t in trainers):
         return (" Vocabulary: trained deterministically (`" + TRAINER + "`): a run repeated "
-                "with the same seed, library version and hardware reproduces its weights.")
+                "with the same seed, library versions, hardware and thread count reproduces its "
+                "weights.")
     return ""
 
 
