@@ -25,7 +25,7 @@ from .._validation import check_positive
 from .wordpiece import train_wordpiece
 
 __all__ = ["HF_TRAINER", "SPECIAL_TOKENS", "TRAINER", "Tokenizer", "build_tokenizer",
-           "texts_fingerprint"]
+           "texts_fingerprint", "trainer_of"]
 
 #: Special tokens of a trained vocabulary, in id order ([PAD] = 0).
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -273,21 +273,26 @@ class Tokenizer:
 
     @property
     def trainer(self) -> str:
-        """Where the vocabulary came from: :data:`TRAINER` (deterministic), :data:`HF_TRAINER`
-        (a file trained by an earlier version of this library with HF's trainer, which is not
-        deterministic across processes), ``"pretrained"`` (a ``vocab.txt``) or ``"unknown"``
-        (a plain HF ``tokenizer.json``)."""
-        if "trainer" in self.meta:
-            return str(self.meta["trainer"])
-        if "fingerprint" in self.meta:
-            return HF_TRAINER
-        return "pretrained" if "vocab_file" in self.meta else "unknown"
+        """Where the vocabulary came from: see :func:`trainer_of`."""
+        return trainer_of(self.meta)
 
     def __len__(self) -> int:
         return self.vocab_size
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, pad_id={self.pad_id})"
+
+
+def trainer_of(meta: dict) -> str:
+    """The vocabulary source recorded in a tokenizer file's metadata: :data:`TRAINER`
+    (deterministic), :data:`HF_TRAINER` (a file trained by an earlier version of this library
+    with HF's trainer, which is not deterministic across processes), ``"pretrained"`` (a
+    ``vocab.txt``) or ``"unknown"`` (a plain HF ``tokenizer.json``)."""
+    if "trainer" in meta:
+        return str(meta["trainer"])
+    if "fingerprint" in meta:
+        return HF_TRAINER
+    return "pretrained" if "vocab_file" in meta else "unknown"
 
 
 def build_tokenizer(

@@ -31,26 +31,28 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
 
+from .._validation import check_positive
+
 __all__ = ["PREFIX", "train_wordpiece", "train_wordpiece_naive"]
 
 PREFIX = "##"
 
 
 def _check(word_counts, vocab_size, min_frequency, limit_alphabet, special_tokens):
+    """The three sizes as ints, after checking every argument (clear errors)."""
     if not isinstance(word_counts, Mapping):
         raise TypeError(f"word_counts must be a mapping word -> count, got "
                         f"{type(word_counts).__name__}")
-    for name, v in (("vocab_size", vocab_size), ("min_frequency", min_frequency),
-                    ("limit_alphabet", limit_alphabet)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    sizes = tuple(check_positive(name, v, integer=True) for name, v in (
+        ("vocab_size", vocab_size), ("min_frequency", min_frequency),
+        ("limit_alphabet", limit_alphabet)))
     if len(set(special_tokens)) != len(special_tokens):
         raise ValueError(f"special_tokens has duplicates: {list(special_tokens)}")
     for w, c in word_counts.items():
         if not isinstance(w, str) or not w:
             raise ValueError(f"word_counts keys must be non-empty strings, got {w!r}")
-        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
-            raise ValueError(f"word_counts[{w!r}] must be a positive integer, got {c!r}")
+        check_positive(f"word_counts[{w!r}]", c, integer=True)
+    return sizes
 
 
 def _initial(word_counts: Mapping[str, int], limit_alphabet: int):
@@ -122,7 +124,8 @@ def train_wordpiece(
 
     The result depends only on the arguments (never on hash or insertion order).
     """
-    _check(word_counts, vocab_size, min_frequency, limit_alphabet, special_tokens)
+    vocab_size, min_frequency, limit_alphabet = _check(
+        word_counts, vocab_size, min_frequency, limit_alphabet, special_tokens)
     words, counts, symbols = _initial(word_counts, limit_alphabet)
     vocab = _vocab(special_tokens, symbols)
     known = set(vocab)
@@ -182,7 +185,8 @@ def train_wordpiece_naive(
     special_tokens: Sequence[str] = (),
 ) -> list[str]:
     """Reference for :func:`train_wordpiece`: recounts every pair at every merge (slow)."""
-    _check(word_counts, vocab_size, min_frequency, limit_alphabet, special_tokens)
+    vocab_size, min_frequency, limit_alphabet = _check(
+        word_counts, vocab_size, min_frequency, limit_alphabet, special_tokens)
     words, counts, symbols = _initial(word_counts, limit_alphabet)
     vocab = _vocab(special_tokens, symbols)
     while len(vocab) < vocab_size:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.tokenizer import HF_TRAINER, TRAINER
+from ..data.tokenizer import HF_TRAINER, TRAINER, trainer_of
 
 __all__ = ["add_arguments", "build_report", "load_results", "paired_difference", "run",
            "target_lines"]
@@ -312,7 +312,7 @@ def _tokenizer_trainer(r: dict) -> str:
         meta = json.loads(path.read_text(encoding="utf-8")).get("meta", {})
     except (OSError, ValueError, AttributeError):
         return "unknown"
-    return str(meta.get("trainer", HF_TRAINER if "fingerprint" in meta else "unknown"))
+    return trainer_of(meta)
 
 
 def _tokenizer_note(variants: dict[str, list[dict]]) -> str:
