@@ -375,7 +375,7 @@ class _Rows:
     augmented copy would cost one more pass over memory per tensor). ``consts`` gives the
     constant columns (set once) and ``None`` for the columns given per chunk."""
 
-    def __init__(self, x, chunk, consts, key_mask=None, slot="rows"):
+    def __init__(self, x, chunk, consts, key_mask=None, *, slot):
         G, L, d = x.shape
         self.x, self.d, self.mask = x, d, key_mask
         shape = (G, min(chunk, L), d + len(consts))
