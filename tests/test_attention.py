@@ -11,10 +11,13 @@ import torch
 from coulomb_attention import features
 from coulomb_attention.nn import ATTENTION_FEATURES, KernelAttention
 from coulomb_attention.nn import functional as AF
+from coulomb_attention.nn.ops import fused as FU
+from coulomb_attention.nn.ops import workspace as WS
 from helpers import rel_err
 
 MAPS = tuple(ATTENTION_FEATURES)
 RANDOM_MAPS = ("favor", "porf_softplus", "softmax_feat")
+LIN = "linear"  # the fused, chunked association order (the default picks by cost)
 
 
 def _gen(seed=0):
@@ -85,7 +88,7 @@ def test_fused_favor_matches_naive(groups, chunk):
     omega = torch.randn(groups, 16, 8, generator=_gen(5), dtype=torch.float64)
     omega.requires_grad_()
     mask = _mask(2, 13, [13, 5])
-    fast = AF.favor_attention(q, k, v, omega, mask, chunk_size=chunk)
+    fast = AF.favor_attention(q, k, v, omega, mask, chunk_size=chunk, order=LIN)
     slow = AF.naive_favor_attention(q, k, v, omega, mask)
     assert rel_err(fast, slow) < 1e-12
     ga, gb = _grads(fast, (q, k, v, omega)), _grads(slow, (q, k, v, omega))
@@ -104,7 +107,7 @@ def test_fused_favor_workspace_reuse_across_calls_sizes_modes_and_threads():
 
     def check(T, B=2, seed=0):
         q, k, v = _qkv(seed=seed, B=B, T=T, S=T)
-        fast = AF.favor_attention(q, k, v, omega, chunk_size=4)
+        fast = AF.favor_attention(q, k, v, omega, chunk_size=4, order=LIN)
         slow = AF.naive_favor_attention(q, k, v, omega)
         assert rel_err(fast, slow) < 1e-12
         for a, b in zip(_grads(fast, (q, k, v)), _grads(slow, (q, k, v)), strict=True):
@@ -115,7 +118,7 @@ def test_fused_favor_workspace_reuse_across_calls_sizes_modes_and_threads():
     check(21, B=3)  # larger: buffers grow
     with torch.inference_mode():  # inference tensors get their own buffers
         q, k, v = _qkv(seed=9)
-        out_inf = AF.favor_attention(q, k, v, omega, chunk_size=4)
+        out_inf = AF.favor_attention(q, k, v, omega, chunk_size=4, order=LIN)
     check(13)
     assert rel_err(out_inf, AF.naive_favor_attention(q, k, v, omega)) < 1e-12
     # float32 after float64 (separate buffers), compared with the float64 result
@@ -126,7 +129,7 @@ def test_fused_favor_workspace_reuse_across_calls_sizes_modes_and_threads():
     # backward runs.
     q, k, v = _qkv(seed=4, e=8)
     fast = AF.favor_attention(AF.favor_attention(q, k, v, omega, chunk_size=4), k, v, omega,
-                              chunk_size=4)
+                              chunk_size=4, order=LIN)
     slow = AF.naive_favor_attention(AF.naive_favor_attention(q, k, v, omega), k, v, omega)
     assert rel_err(fast, slow) < 1e-12
     for a, b in zip(_grads(fast, (q, k, v)), _grads(slow, (q, k, v)), strict=True):
@@ -149,13 +152,13 @@ def test_fused_favor_workspace_reuse_across_calls_sizes_modes_and_threads():
     assert not errors
     # Buffers over the limit are never cached; clear_workspace frees the cached ones.
     like = torch.empty(0)
-    big = AF._WORKSPACE_MAX_BYTES // like.element_size() + 1
-    a = AF._scratch(like, "t", big)
-    assert a.data_ptr() != AF._scratch(like, "t", big).data_ptr()  # both alive: distinct
-    small = AF._scratch(like, "t", 100)
-    assert small.data_ptr() == AF._scratch(like, "t", 50).data_ptr()  # cached, reused
+    big = WS._WORKSPACE_MAX_BYTES // like.element_size() + 1
+    a = WS._scratch(like, "t", big)
+    assert a.data_ptr() != WS._scratch(like, "t", big).data_ptr()  # both alive: distinct
+    small = WS._scratch(like, "t", 100)
+    assert small.data_ptr() == WS._scratch(like, "t", 50).data_ptr()  # cached, reused
     AF.clear_workspace()
-    assert not AF._WORKSPACE.__dict__.get("bufs")
+    assert not WS._WORKSPACE.__dict__.get("bufs")
 
 
 def _forbid(monkeypatch, *names):
@@ -163,7 +166,7 @@ def _forbid(monkeypatch, *names):
         raise AssertionError("the exact path ran where the fast path should")
 
     for name in names:
-        monkeypatch.setattr(AF, name, fail)
+        monkeypatch.setattr(FU, name, fail)
 
 
 def test_fused_favor_takes_the_fast_path_at_ordinary_norms(monkeypatch):
@@ -173,7 +176,7 @@ def test_fused_favor_takes_the_fast_path_at_ordinary_norms(monkeypatch):
     q, k, v = _qkv(B=2, H=2, T=300, S=300, d=d, e=4, dtype=torch.float32)
     omega = features.orthogonal(64, d, generator=_gen(3))[None]
     mask = _mask(2, 300, [300, 77])
-    out = AF.favor_attention(q, k, v, omega, mask, chunk_size=64)
+    out = AF.favor_attention(q, k, v, omega, mask, chunk_size=64, order=LIN)
     ref = AF.naive_favor_attention(q, k, v, omega, mask)
     assert rel_err(out, ref) < 1e-5
     for a, b in zip(_grads(out, (q, k, v)), _grads(ref, (q, k, v)), strict=True):
@@ -183,16 +186,16 @@ def test_fused_favor_takes_the_fast_path_at_ordinary_norms(monkeypatch):
 @pytest.mark.parametrize("groups", [1, 3])
 def test_fused_favor_exact_path_matches_naive(monkeypatch, groups):
     """With the underflow threshold at infinity every chunk takes the exact path."""
-    monkeypatch.setattr(AF, "_UNDERFLOW", math.inf)
+    monkeypatch.setattr(FU, "_UNDERFLOW", math.inf)
     calls = []
     for name in ("_key_pass_exact", "_query_features_exact"):
-        fn = getattr(AF, name)
-        monkeypatch.setattr(AF, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+        fn = getattr(FU, name)
+        monkeypatch.setattr(FU, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
     q, k, v = _qkv(seed=7)
     omega = torch.randn(groups, 16, 8, generator=_gen(5), dtype=torch.float64)
     omega.requires_grad_()
     mask = _mask(2, 13, [13, 5])
-    fast = AF.favor_attention(q, k, v, omega, mask, chunk_size=4)
+    fast = AF.favor_attention(q, k, v, omega, mask, chunk_size=4, order=LIN)
     slow = AF.naive_favor_attention(q, k, v, omega, mask)
     assert {"_key_pass_exact", "_query_features_exact"} <= set(calls)
     assert rel_err(fast, slow) < 1e-12
@@ -206,7 +209,7 @@ def test_fused_favor_mixes_fast_and_exact_chunks():
     with torch.no_grad():
         q[:, :, 20:] *= 40.0  # rows 20..39: every fast-path feature underflows
     omega = torch.randn(1, 16, 8, generator=_gen(6), dtype=torch.float64)
-    fast = AF.favor_attention(q, k, v, omega, chunk_size=8)
+    fast = AF.favor_attention(q, k, v, omega, chunk_size=8, order=LIN)
     slow = AF.naive_favor_attention(q, k, v, omega)
     assert torch.isfinite(fast).all()
     assert rel_err(fast, slow) < 1e-10
@@ -219,7 +222,7 @@ def test_fused_favor_gradcheck():
     omega = torch.randn(1, 4, 3, generator=_gen(2), dtype=torch.float64, requires_grad=True)
     mask = _mask(1, 5, [4])
     assert torch.autograd.gradcheck(
-        lambda *t: AF.favor_attention(*t, mask, chunk_size=2), (q, k, v, omega)
+        lambda *t: AF.favor_attention(*t, mask, chunk_size=2, order=LIN), (q, k, v, omega)
     )
 
 
@@ -307,7 +310,7 @@ def test_functional_bad_inputs():
     with pytest.raises(TypeError, match="bool"):
         AF.linear_attention(q.exp(), k.exp(), v, torch.ones(2, 13))
     with pytest.raises(ValueError, match="chunk_size"):
-        AF.favor_attention(q, k, v, omega, chunk_size=0)
+        AF.favor_attention(q, k, v, omega, chunk_size=0, order=LIN)
 
 
 # ----------------------------------------------------------------------------- module
@@ -484,7 +487,7 @@ def test_bench_attention_tiny_grid(tmp_path):
 def test_bench_peak_memory_counts_reused_memory():
     """The memory pass sees an allocation even when the heap could serve it from memory freed
     earlier (an earlier version reported 0 MB after the timing pass)."""
-    from coulomb_attention.experiments import bench_attention as BA
+    from coulomb_attention.commands import bench_attention as BA
 
     if BA._proc_status() is None:
         pytest.skip("needs /proc/self/status")
@@ -528,7 +531,7 @@ def test_causal_favor_matches_naive(groups, chunk):
     omega = torch.randn(groups, 16, 8, generator=_gen(5), dtype=torch.float64)
     omega.requires_grad_()
     mask = _mask(2, 13, [13, 6])
-    fast = AF.causal_favor_attention(q, k, v, omega, mask, chunk_size=chunk)
+    fast = AF.causal_favor_attention(q, k, v, omega, mask, chunk_size=chunk, order=LIN)
     slow = AF.naive_favor_attention(q, k, v, omega, mask, causal=True)
     assert rel_err(fast, slow) < 1e-12
     ga, gb = _grads(fast, (q, k, v, omega)), _grads(slow, (q, k, v, omega))
@@ -545,7 +548,7 @@ def test_causal_favor_online_shift_survives_large_norms():
     growth = torch.linspace(6.0, 0.5, L)[None, None, :, None]
     q, k, v = (q * growth).detach(), (k * growth).detach(), v.detach()
     omega = torch.randn(1, 32, d, generator=_gen(7))
-    fast = AF.causal_favor_attention(q, k, v, omega, chunk_size=4)
+    fast = AF.causal_favor_attention(q, k, v, omega, chunk_size=4, order=LIN)
     b = features.log_positive(q.double(), omega[0].double())  # (1, 1, L, M)
     a = features.log_positive(k.double(), omega[0].double())
     log_k = torch.logsumexp(b[..., :, None, :] + a[..., None, :, :], -1)  # (1, 1, L, L)

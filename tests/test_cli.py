@@ -265,7 +265,7 @@ def test_synthetic_rejects_bad_particle_args_before_running(tmp_path, capsys):
 
 
 def test_meanfield_rejects_grid_zero(tmp_path, capsys, monkeypatch):
-    from coulomb_attention.experiments import meanfield
+    from coulomb_attention.commands import meanfield
 
     ran = []
 

@@ -8,6 +8,8 @@ here in one process. The launch has a timeout, so a hung collective cannot hang 
 
 from __future__ import annotations
 
+import itertools
+
 import os
 import subprocess
 import sys
@@ -57,16 +59,19 @@ def run_phase_a(rank: int, world: int, reduce, *, sharded_repulsion: bool = Fals
     xs, ys = dd.shard((x, y), rank, world)
     batches = [(xs[i:i + 16], ys[i:i + 16]) for i in range(0, xs.shape[0], 16)]  # streamed
     pot = E.make_potential("riesz", s=1.0, eps=0.1)
-    if sharded_repulsion:
-        ham = dd.DistributedHamiltonian(feats, pot, lam=0.05, reduce=reduce, rank=rank,
-                                        world_size=world)
-    else:
-        ham = E.Hamiltonian(feats, pot, lam=0.05, reduce=reduce)
-    init, step = D.projected_langevin(lambda w, _: ham(w, batches), D.Ball(3.0), eta=0.05,
-                                      beta=200.0)
-    state = init(omega0, torch_generator(dd.shared_seed(1234)))
-    state, trace = D.run(state, step, n_steps)
-    return state.omega, [t["energy"] for t in trace]
+    ham = E.Hamiltonian(E.LabelAlignment(feats), pot, lam=0.05, shard_pairs=sharded_repulsion)
+    comm = None if reduce is None else E.Comm(reduce, rank, world)
+    full_batch = itertools.repeat(batches)  # every step sees all of this rank's batches
+
+    class _AllBatches:  # the driver hands the Hamiltonian [batch]; unpack the full batch list
+        def value_and_grad(self, w, bs, comm):
+            return ham.value_and_grad(w, bs[0], comm)
+
+    res = D.learn_particles(_AllBatches(), omega0, D.LangevinSchedule(steps=n_steps, eta=0.05,
+                                                                      beta=200.0),
+                            full_batch, projection=D.Ball(3.0),
+                            generator=torch_generator(dd.shared_seed(1234)), comm=comm)
+    return res.omega, [t["energy"] for t in res.trace]
 
 
 def _phase_b_data(n: int = 12):
@@ -120,7 +125,7 @@ def run_align_features(rank: int, world: int, reduce) -> torch.Tensor:
     align = AlignConfig(n_examples=64, holdout=0, batch_size=64, steps=6, eta=0.5, eta_end=0.1,
                         beta=0.0, lam=0.1)
     align_features(model, data, align, generator=torch.Generator().manual_seed(9),
-                   reduce=reduce)
+                   comm=None if reduce is None else E.Comm(reduce, rank, world))
     return model.attention_layers[0].omega.detach().clone()
 
 
@@ -146,7 +151,7 @@ def _worker(out: Path) -> None:
     # sharded Riesz alone, N odd (uneven rows)
     w = torch.randn(7, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     pot = E.make_potential("riesz", s=1.0, eps=0.05)
-    energy, grad = dd.sharded_riesz_energy_and_grad(w, pot)
+    energy, grad = E.sharded_riesz_energy_and_grad(w, pot, rt.rank, rt.world_size, rt.reduce)
     res.update(riesz_energy=energy, riesz_grad=grad)
     # phase B: 2 epochs x 3 DDP steps, constant and warm-up + linear learning rate
     for schedule in ("constant", "linear"):
@@ -227,7 +232,7 @@ def test_phase_a_differs_without_reduce():
 def test_sharded_riesz_equals_core(n, world):
     w = torch.randn(n, 3, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
     pot = E.make_potential("riesz", s=1.5, eps=0.05)
-    parts = [dd.sharded_riesz_energy_and_grad(w, pot, r, world, reduce=lambda t: t)
+    parts = [E.sharded_riesz_energy_and_grad(w, pot, r, world, reduce=lambda t: t)
              for r in range(world)]
     energy = sum(p[0] for p in parts)
     grad = sum(p[1] for p in parts)

@@ -120,7 +120,7 @@ def test_hamiltonian_composes_terms():
     om = torch.randn(6, 3, generator=g, dtype=torch.float64)
     phi_fn = F.feature_fn("rff", F.draw_bias(6, generator=g, dtype=torch.float64))
     pot = E.make_potential("riesz", s=1.0, eps=0.05)
-    H = E.Hamiltonian(phi_fn, pot, lam=0.3)
+    H = E.Hamiltonian(E.LabelAlignment(phi_fn), pot, lam=0.3)
     energy, grad, parts = H.value_and_grad(om, [(x, Y)])
     a, ga = E.alignment_value_and_grad(om, [(x, Y)], phi_fn)
     assert abs(float(energy) - (-float(a) + 0.3 * float(E.riesz_energy(om, pot)))) < 1e-12
@@ -131,4 +131,6 @@ def test_hamiltonian_composes_terms():
     )
     assert rel_err(grad, fd) < 1e-6
     with pytest.raises(ValueError, match="lam"):
-        E.Hamiltonian(phi_fn, pot, lam=-1.0)
+        E.Hamiltonian(E.LabelAlignment(phi_fn), pot, lam=-1.0)
+    with pytest.raises(TypeError, match="value_and_grad"):
+        E.Hamiltonian(phi_fn, pot, lam=0.3)  # a bare feature function is not a data term

@@ -9,7 +9,7 @@ from scipy.special import erf
 from scipy.stats import wasserstein_distance
 
 from coulomb_attention import meanfield as M
-from coulomb_attention.dynamics import Box, projected_langevin, run
+from coulomb_attention.dynamics import Box, LangevinSchedule, learn_particles
 from coulomb_attention.energy import make_potential
 from helpers import finite_diff_grad, rel_err
 
@@ -136,7 +136,7 @@ def test_particle_energy_grad_matches_finite_differences():
     x, y = M.make_dataset(2)
     pot = M.DataPotential(x, y)
     pair = make_potential("riesz", s=1.0, eps=0.2)
-    fn = M.particle_energy_grad_fn(pot, pair, lam=0.7)
+    fn = M.particle_hamiltonian(pot, pair, lam=0.7)
     w = torch.randn(6, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     energy, grad, info = fn(w)
     fd = finite_diff_grad(lambda v: fn(v)[0], w)
@@ -213,10 +213,10 @@ def test_particles_match_pde_at_matched_time_1d():
     rho_t = snaps[t_end].rho
     g = torch.Generator().manual_seed(1)
     omega = M.sample_density(grid, rho0, n, g)
-    pinit, pstep = projected_langevin(M.particle_energy_grad_fn(pot, pair, lam,
-                                                                repulsion_energy=False),
-                                      Box(R), eta=eta, beta=beta)
-    state, _ = run(pinit(omega, g), pstep, round(t_end / eta))
+    ham = M.particle_hamiltonian(pot, pair, lam, repulsion_energy=False)
+    state = learn_particles(ham, omega, LangevinSchedule(steps=round(t_end / eta), eta=eta,
+                                                         beta=beta),
+                            projection=Box(R), generator=g)
     w1_match = M.w1_to_grid_density(grid, rho_t, state.omega)
     w1_stale = M.w1_to_grid_density(grid, rho0, state.omega)
     assert w1_match < 0.05, w1_match  # MC level ~ 0.5/sqrt(2000) ~ 0.01-0.02

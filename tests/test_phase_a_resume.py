@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from coulomb_attention.experiments.train import _load_phase_a_partial, _save_phase_a_partial
+from coulomb_attention.commands.train import _load_phase_a_partial, _save_phase_a_partial
 from coulomb_attention.train.loop import TrainConfig, fit
 from coulomb_attention.train.phases import AlignConfig, align_features
 from test_train import synthetic_set, tiny_model

@@ -291,7 +291,7 @@ def test_bad_inputs(tmp_path, tiny_dir):
 
 def test_experiment_run_one_on_samples(tiny_dir, tmp_path):
     """One full pipeline run (phase A softmax + phase B + metrics) on the shipped samples."""
-    from coulomb_attention.experiments.minilm import MiniLMConfig, run_one
+    from coulomb_attention.commands.minilm import MiniLMConfig, run_one
     from coulomb_attention.train.loop import TrainConfig
 
     cfg = MiniLMConfig(task="sst2", encoder=str(tiny_dir), attention="favor",
@@ -313,7 +313,7 @@ def test_scratch_model_on_pretrained_token_embeddings(tiny_dir, tmp_path):
     """``embeddings=<checkpoint>``: its vocabulary, its token table frozen (unchanged after
     training), a learned projection from the table's width to the model's."""
     from coulomb_attention.config import from_dict
-    from coulomb_attention.experiments.train import RunConfig, train_one
+    from coulomb_attention.commands.train import RunConfig, train_one
     from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
     from coulomb_attention.nn.pretrained import load_token_embeddings
     from coulomb_attention.train.checkpoint import latest_checkpoint, load_model_file
@@ -414,7 +414,7 @@ def test_train_cli_flags_map_to_minilm_config():
     :func:`run_from_train_args`; check the mapping on the real train parser."""
     import argparse
 
-    from coulomb_attention.experiments import minilm, train
+    from coulomb_attention.commands import minilm, train
 
     parser = argparse.ArgumentParser()
     train.add_arguments(parser)

@@ -588,7 +588,7 @@ class _CrashingJson:
 
 
 def test_bench_langevin_result_never_half_written(tmp_path, monkeypatch):
-    from coulomb_attention.experiments import bench_langevin as bl
+    from coulomb_attention.commands import bench_langevin as bl
 
     args = Namespace(out=str(tmp_path), quick=False, N=[4, 8], n=[8, 16], d=2, repeats=1,
                      threads=1, dtype="float64")

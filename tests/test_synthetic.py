@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from coulomb_attention.cli import main
-from coulomb_attention.experiments import concentration as conc
-from coulomb_attention.experiments import synthetic as syn
-from coulomb_attention.experiments.synthetic_tasks import (
+from coulomb_attention.commands import concentration as conc
+from coulomb_attention.commands import synthetic as syn
+from coulomb_attention.commands.synthetic_tasks import (
     SPECTRAL_FREQUENCIES,
     TASKS,
     flip_labels,

@@ -16,8 +16,8 @@ from torch import nn
 
 from coulomb_attention.config import override
 from coulomb_attention.data import SAMPLES_DIR
-from coulomb_attention.experiments import report, suite
-from coulomb_attention.experiments import train as train_cmd
+from coulomb_attention.commands import report, suite
+from coulomb_attention.commands import train as train_cmd
 from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
 from coulomb_attention.train.checkpoint import (
     atomic_write_json,

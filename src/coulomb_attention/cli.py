@@ -16,25 +16,25 @@ from . import __version__
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("coulomb_attention.experiments.demo", "short synthetic fixed-vs-learned comparison"),
-    "synthetic": ("coulomb_attention.experiments.synthetic", "synthetic benchmark grid"),
-    "meanfield": ("coulomb_attention.experiments.meanfield", "particles vs McKean-Vlasov PDE"),
+    "demo": ("coulomb_attention.commands.demo", "short synthetic fixed-vs-learned comparison"),
+    "synthetic": ("coulomb_attention.commands.synthetic", "synthetic benchmark grid"),
+    "meanfield": ("coulomb_attention.commands.meanfield", "particles vs McKean-Vlasov PDE"),
     "concentration": (
-        "coulomb_attention.experiments.concentration",
+        "coulomb_attention.commands.concentration",
         "spread of learned kernels vs N and beta",
     ),
-    "train": ("coulomb_attention.experiments.train", "train one Transformer classifier"),
-    "minilm": ("coulomb_attention.experiments.minilm",
+    "train": ("coulomb_attention.commands.train", "train one Transformer classifier"),
+    "minilm": ("coulomb_attention.commands.minilm",
                "pretrained MiniLM with kernel attention: run / compare / timing"),
-    "suite": ("coulomb_attention.experiments.suite", "every attention x kernel x task x seed"),
-    "report": ("coulomb_attention.experiments.report", "Markdown report from a results dir"),
+    "suite": ("coulomb_attention.commands.suite", "every attention x kernel x task x seed"),
+    "report": ("coulomb_attention.commands.report", "Markdown report from a results dir"),
 }
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "attention": (
-        "coulomb_attention.experiments.bench_attention",
+        "coulomb_attention.commands.bench_attention",
         "time/memory of linear attention vs L",
     ),
-    "langevin": ("coulomb_attention.experiments.bench_langevin", "cost of one Langevin step"),
+    "langevin": ("coulomb_attention.commands.bench_langevin", "cost of one Langevin step"),
 }
 
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError,

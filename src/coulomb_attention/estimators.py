@@ -30,10 +30,11 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._validation import check_choice, check_nonnegative, check_positive, torch_generator
-from .dynamics import SCHEDULES, make_projection, make_schedule, projected_langevin, run
+from .dynamics import SCHEDULES, LangevinSchedule, learn_particles, make_projection
 from .energy import (
     POTENTIALS,
     Hamiltonian,
+    LabelAlignment,
     alignment,
     encode_labels,
     make_potential,
@@ -592,33 +593,17 @@ class ParticleFeatures(_BaseRandomFeatures):
                 eps=p["eps"],
                 dim=d,
             )
-        ham = Hamiltonian(features, pot, lam=p["lam"], center=self.center)
-        n_particles = u0.shape[0]
-        ema = {"sq": None}
-
-        def energy_grad(u, batch):
-            energy, grad, info = ham.value_and_grad(u, [batch])
-            if self.normalize:
-                # divide by a running RMS of the per-particle drift N |grad_i|, so that the
-                # core drift eta * N * grad has per-particle RMS ~ eta (units of r0)
-                sq = float((n_particles * grad).pow(2).sum(1).mean())
-                ema["sq"] = sq if ema["sq"] is None else 0.9 * ema["sq"] + 0.1 * sq
-                grad = grad / math.sqrt(max(ema["sq"], 1e-300))
-            return energy, grad, info
-
+        ham = Hamiltonian(LabelAlignment(features, center=self.center), pot, lam=p["lam"])
         size = p["radius"]
         if self.projection == "box":  # half-width: radius standard deviations per coordinate
             size = p["radius"] / math.sqrt(d)
         proj = make_projection(self.projection, size)
         if learn_bias:
             proj = _PhaseWrap(proj, d, r0)
-        init_fn, step_fn = projected_langevin(
-            energy_grad, proj, eta=p["eta"], beta=p["beta"], max_drift=p["max_drift"]
-        )
-        eta_sched = make_schedule(self.eta_schedule, p["eta"], p["eta_end"], p["n_steps"])
-        beta_sched = None
-        if self.beta_schedule == "geometric":
-            beta_sched = make_schedule("geometric", p["beta_start"], p["beta"], p["n_steps"])
+        schedule = LangevinSchedule(
+            steps=p["n_steps"], eta=p["eta"], eta_end=p["eta_end"],
+            eta_schedule=self.eta_schedule, beta=p["beta"], beta_start=p.get("beta_start"),
+            beta_schedule=self.beta_schedule, max_drift=p["max_drift"])
 
         # Hold out a validation split; the iterate with the best validation alignment is kept
         # (step 0, the initial particles, included), which guards against over-fitting.
@@ -651,17 +636,10 @@ class ParticleFeatures(_BaseRandomFeatures):
                 if val > best["val"]:
                     best.update(val=val, u=state.omega.clone(), step=k)
 
-        state0 = init_fn(u0, gen)
-        best["u"] = state0.omega.clone()
-        state, trace = run(
-            state0,
-            step_fn,
-            p["n_steps"],
-            batches,
-            eta_schedule=eta_sched,
-            beta_schedule=beta_sched,
-            callback=callback,
-        )
+        best["u"], _ = proj(u0.clone())
+        result = learn_particles(ham, u0, schedule, batches, projection=proj, generator=gen,
+                                 normalize_drift=self.normalize, callbacks=[callback])
+        state, trace = result.state, result.trace
         u = best["u"] if use_val else state.omega
         self.best_step_ = best["step"] if use_val else p["n_steps"]
         self.val_alignment_ = best["val"] if use_val else None

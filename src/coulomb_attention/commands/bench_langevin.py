@@ -1,6 +1,6 @@
 """``coulomb-attention bench langevin``: wall time of one projected Langevin step.
 
-One step of the core dynamics (``projected_langevin`` on the core ``Hamiltonian``: centered
+One step of the core dynamics (``learn_particles`` on the core ``Hamiltonian``: centered
 alignment of an rff kernel on a batch of ``n`` points in ``d`` dimensions, Riesz repulsion,
 ball projection, finite beta) for ``N`` particles. Its cost is ``O(n N d + n N^2)`` for the
 alignment statistics (``Phi^T Phi``) plus ``O(N^2 d)`` for the pair energy: linear in ``n``.
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..dynamics import Ball, projected_langevin
-from ..energy import Hamiltonian, encode_labels, make_potential
+from ..dynamics import Ball, LangevinSchedule, learn_particles
+from ..energy import Hamiltonian, LabelAlignment, encode_labels, make_potential
 from ..features import draw_bias, feature_fn, sample
 from ..train.checkpoint import atomic_write_text
 
@@ -53,18 +53,19 @@ def time_step(N: int, n: int, d: int, repeats: int, dtype: torch.dtype, seed: in
     Y, _ = encode_labels(y)
     omega = sample("gaussian", N, d, scale=math.sqrt(2.0 / d), generator=gen, dtype=dtype)
     phi = feature_fn("rff", draw_bias(N, generator=gen, dtype=dtype))
-    ham = Hamiltonian(phi, make_potential("riesz", s=1.0, eps=0.05), lam=0.01)
-    init_fn, step_fn = projected_langevin(
-        lambda w, batch: ham.value_and_grad(w, [batch]), Ball(3.0), eta=1e-3, beta=1e4
-    )
-    state = init_fn(omega, gen)
-    batch = (x, Y)
-    state, _ = step_fn(state, batch)  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        state, _ = step_fn(state, batch)
-        times.append(time.perf_counter() - t0)
+    ham = Hamiltonian(LabelAlignment(phi), make_potential("riesz", s=1.0, eps=0.05), lam=0.01)
+    times: list[float] = []
+    last = {"t": 0.0}
+
+    def clock(state, info) -> None:  # time of each step, measured between callbacks
+        now = time.perf_counter()
+        if state.step > 1:  # the first step is the warm-up
+            times.append(now - last["t"])
+        last["t"] = now
+
+    last["t"] = time.perf_counter()
+    learn_particles(ham, omega, LangevinSchedule(steps=repeats + 1, eta=1e-3, beta=1e4),
+                    [(x, Y)], projection=Ball(3.0), generator=gen, callbacks=[clock])
     return min(times)
 
 

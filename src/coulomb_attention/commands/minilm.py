@@ -14,11 +14,11 @@ One run (:func:`run_one`)::
 
 Commands::
 
-    python -m coulomb_attention.experiments.minilm run --task sst2 --attention favor \
+    python -m coulomb_attention.commands.minilm run --task sst2 --attention favor \
         --kernel learned --data-dir ../shared/data --out runs/minilm/sst2-favor-learned
-    python -m coulomb_attention.experiments.minilm compare --tasks sst2 rotten_tomatoes \
+    python -m coulomb_attention.commands.minilm compare --tasks sst2 rotten_tomatoes \
         --data-dir ../shared/data --out runs/minilm
-    python -m coulomb_attention.experiments.minilm timing --out runs/minilm
+    python -m coulomb_attention.commands.minilm timing --out runs/minilm
 
 ``compare`` writes ``OUT/results.jsonl`` (one row per run), ``OUT/table.md``; ``timing``
 writes ``OUT/timing.csv`` and ``OUT/timing.png`` (encoder forward time versus sequence length).
@@ -588,7 +588,7 @@ def run_from_train_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coulomb_attention.experiments.minilm",
+    parser = argparse.ArgumentParser(prog="python -m coulomb_attention.commands.minilm",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)

@@ -1,5 +1,12 @@
 """Projected Langevin dynamics as ``(init_fn, step_fn)`` and the projections (ball, box)."""
 
+from .driver import (
+    DriftNormalizer,
+    LangevinSchedule,
+    ParticleRun,
+    cycle,
+    learn_particles,
+)
 from .langevin import (
     SCHEDULES,
     LangevinState,
@@ -11,6 +18,11 @@ from .langevin import (
 from .projections import PROJECTIONS, Ball, Box, make_projection
 
 __all__ = [
+    "DriftNormalizer",
+    "LangevinSchedule",
+    "ParticleRun",
+    "cycle",
+    "learn_particles",
     "PROJECTIONS",
     "SCHEDULES",
     "Ball",

@@ -17,9 +17,18 @@ from .riesz import (
     riesz_energy,
     riesz_energy_naive,
     riesz_grad,
+    row_block,
+    sharded_riesz_energy_and_grad,
 )
+from .terms import Comm, DataTerm, LabelAlignment, LinearPotential
 
 __all__ = [
+    "Comm",
+    "DataTerm",
+    "LabelAlignment",
+    "LinearPotential",
+    "row_block",
+    "sharded_riesz_energy_and_grad",
     "POTENTIALS",
     "AlignmentStats",
     "Hamiltonian",

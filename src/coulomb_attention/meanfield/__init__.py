@@ -9,7 +9,7 @@ from .grid import Grid, gaussian_density, normalize, sample_density
 from .particles import (
     loglog_slope,
     mmd_to_grid_density,
-    particle_energy_grad_fn,
+    particle_hamiltonian,
     w1_to_grid_density,
 )
 from .potentials import (
@@ -45,7 +45,7 @@ __all__ = [
     "mckean_vlasov",
     "mmd_to_grid_density",
     "normalize",
-    "particle_energy_grad_fn",
+    "particle_hamiltonian",
     "sample_density",
     "w1_to_grid_density",
 ]

@@ -1,11 +1,12 @@
 """The particle side of the mean-field comparison and the distances between a particle
 cloud and a grid density.
 
-:func:`particle_energy_grad_fn` gives the core projected Langevin dynamics the energy
+:func:`particle_hamiltonian` gives the core particle driver the energy
 
     H_N(Omega) = (1/N) sum_i V(omega_i) + lam W_{N,s}(Omega)
 
-(core ``riesz_grad`` for the repulsion), whose mean-field limit is the PDE of
+(the core :class:`~coulomb_attention.energy.Hamiltonian` with a ``LinearPotential`` data
+term), whose mean-field limit is the PDE of
 :mod:`coulomb_attention.meanfield.solver`. Distances of the empirical measure of ``N``
 samples to a piecewise-constant grid density:
 
@@ -25,26 +26,26 @@ import numpy as np
 import torch
 
 from .._validation import as_float_tensor, check_nonnegative, check_positive
-from ..energy import PairPotential, riesz_energy, riesz_grad
+from ..energy import Hamiltonian, LinearPotential, PairPotential
 from .grid import Grid
 
 __all__ = [
     "loglog_slope",
     "mmd_to_grid_density",
-    "particle_energy_grad_fn",
+    "particle_hamiltonian",
     "w1_to_grid_density",
 ]
 
 
-def particle_energy_grad_fn(
+def particle_hamiltonian(
     potential: Callable[[torch.Tensor], torch.Tensor],
     pair: PairPotential | None,
     lam: float,
     *,
     repulsion_energy: bool = True,
-):
-    """``energy_grad_fn(omega, batch) -> (H_N, grad H_N (N, dim), info)`` for
-    :func:`coulomb_attention.dynamics.projected_langevin`.
+) -> Hamiltonian:
+    """The core Hamiltonian ``(1/N) sum_i V(omega_i) + lam W_{N,s}`` of the particle system,
+    for :func:`coulomb_attention.dynamics.learn_particles`.
 
     Parameters
     ----------
@@ -57,25 +58,8 @@ def particle_energy_grad_fn(
         is NaN; the gradient always includes the repulsion.
     """
     check_nonnegative("lam", lam)
-    use_pair = pair is not None and lam > 0
-
-    def energy_grad_fn(omega: torch.Tensor, batch=None):
-        with torch.enable_grad():
-            w = omega.detach().requires_grad_(True)
-            data = potential(w).mean()
-            (grad,) = torch.autograd.grad(data, w)
-        energy = energy_data = data.detach()
-        rep = omega.new_zeros(())
-        if use_pair:
-            grad = grad + lam * riesz_grad(omega, pair)
-            if repulsion_energy:
-                rep = riesz_energy(omega, pair)
-                energy = energy + lam * rep
-            else:
-                rep = omega.new_tensor(float("nan"))
-        return energy, grad, {"data_term": float(energy_data), "repulsion": float(rep)}
-
-    return energy_grad_fn
+    return Hamiltonian(LinearPotential(potential), pair, lam=lam,
+                       pair_energy=repulsion_energy)
 
 
 def _samples(name: str, samples, dim: int) -> np.ndarray:

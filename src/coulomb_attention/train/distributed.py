@@ -8,9 +8,9 @@ Both phases scale out by data parallelism, with the particles and the model repl
   gradient: every rank then holds what one process would compute on all the data. The
   Langevin noise comes from a generator with the same seed on every rank (:func:`shared_seed`),
   so every rank takes the same step and the particles stay identical without broadcasting
-  them. The hook is :func:`make_reduce` (or :attr:`DistributedRuntime.reduce`), passed as
-  ``reduce=`` to :class:`~coulomb_attention.energy.Hamiltonian`. :class:`DistributedHamiltonian`
-  also splits the O(N^2) Riesz pair sum by rows across ranks.
+  them. The hook is :attr:`DistributedRuntime.comm` (a :class:`~coulomb_attention.energy.Comm`),
+  passed as ``comm=`` to :func:`~coulomb_attention.dynamics.learn_particles`; the Hamiltonian
+  then also splits the O(N^2) Riesz pair sum by rows across ranks.
 * Phase B (fine-tuning) uses ``DistributedDataParallel`` (gradients averaged over ranks) and
   a :class:`ShardedEpochSampler`: the single-process epoch order dealt round-robin. The batch
   size is per process (PyTorch's convention, and the loop's): the ranks' batches of ``b``
@@ -45,14 +45,10 @@ from torch import nn
 from torch.utils.data import Dataset, RandomSampler, Sampler, Subset
 
 from .._validation import check_positive
-from ..energy.alignment import alignment_value_and_grad
-from ..energy.hamiltonian import Hamiltonian
-from ..energy.riesz import PairPotential
 from .loop import Runtime
 
 __all__ = [
     "BACKENDS",
-    "DistributedHamiltonian",
     "DistributedRuntime",
     "ShardedEpochSampler",
     "all_reduce_sum",
@@ -67,7 +63,6 @@ __all__ = [
     "make_reduce",
     "shard",
     "shard_indices",
-    "sharded_riesz_energy_and_grad",
     "shared_seed",
 ]
 
@@ -180,8 +175,9 @@ def all_reduce_sum(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def make_reduce() -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
-    """The phase-A hook: ``reduce=`` for :func:`~coulomb_attention.energy.alignment_value_and_grad`
-    and :class:`~coulomb_attention.energy.Hamiltonian` (``None`` in a single process)."""
+    """The cross-process sum for :func:`~coulomb_attention.energy.alignment_value_and_grad`
+    (``None`` in a single process); the particle driver takes it inside a
+    :class:`~coulomb_attention.energy.Comm` (:attr:`DistributedRuntime.comm`)."""
     return all_reduce_sum if is_distributed() else None
 
 
@@ -293,97 +289,6 @@ def shard(data, rank: int | None = None, world_size: int | None = None, *,
         return tuple(picked) if isinstance(data, tuple) else picked
     raise TypeError(f"cannot shard a {type(data).__name__}; pass a tensor, list, tuple of "
                     "tensors or Dataset")
-
-
-# ------------------------------------------------------------------ sharded Riesz repulsion
-
-
-def sharded_riesz_energy_and_grad(
-    omega: torch.Tensor,
-    potential: PairPotential,
-    rank: int | None = None,
-    world_size: int | None = None,
-    reduce: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``W_{N,s}`` and its gradient with the pair sum split by rows across ranks.
-
-    Rank ``r`` computes rows ``i`` in its :func:`shard_indices` block of
-    ``W = (1/N^2) sum_{i != j} g(|w_i - w_j|^2)`` and the matching gradient rows
-    ``grad_i W = (4/N^2) sum_j g'(r2_ij) (w_i - w_j)``; ``reduce`` (default
-    :func:`all_reduce_sum`) adds the partial energies and the zero-padded gradients. Memory and
-    time per rank are O(N^2 d / world_size).
-
-    Parameters
-    ----------
-    omega : Tensor, shape (N, d)   replicated particles (identical on every rank)
-    potential : PairPotential
-
-    Returns
-    -------
-    energy : Tensor, shape ()
-    grad : Tensor, shape (N, d)
-    """
-    rank = get_rank() if rank is None else rank
-    world_size = get_world_size() if world_size is None else world_size
-    reduce = all_reduce_sum if reduce is None else reduce
-    omega = omega.detach()
-    n = omega.shape[0]
-    if n < 2:
-        return omega.new_zeros(()), torch.zeros_like(omega)
-    if n < world_size:
-        rows = range(rank, rank + 1) if rank < n else range(0)
-    else:
-        rows = shard_indices(n, rank, world_size)
-    w_rows = omega[rows.start:rows.stop]  # (R, d)
-    sq = (omega * omega).sum(1)  # (N,)
-    r2 = (sq[rows.start:rows.stop, None] + sq[None, :] - 2.0 * w_rows @ omega.T).clamp_min(0.0)
-    self_pair = torch.zeros_like(r2, dtype=torch.bool)  # (R, N): the diagonal i == j
-    self_pair[torch.arange(len(rows)), torch.arange(rows.start, rows.stop)] = True
-    r2 = r2.masked_fill(self_pair, 0.0)
-    g = potential.value(r2).masked_fill(self_pair, 0.0)
-    dg = potential.dvalue(r2).masked_fill(self_pair, 0.0)  # (R, N)
-    energy = g.sum() / n**2
-    grad = torch.zeros_like(omega)
-    grad[rows.start:rows.stop] = (4.0 / n**2) * (w_rows * dg.sum(1, keepdim=True) - dg @ omega)
-    energy, grad = reduce([energy, grad])
-    return energy, grad
-
-
-@dataclass
-class DistributedHamiltonian(Hamiltonian):
-    """:class:`~coulomb_attention.energy.Hamiltonian` with the Riesz pair sum split across ranks.
-
-    The data term is the core's (``reduce`` all-reduces its statistics and gradient); the
-    repulsion comes from :func:`sharded_riesz_energy_and_grad` when ``shard_repulsion`` and
-    more than one process, else from the core. Both give the same energy and gradient (to
-    float round-off); sharding pays off when ``N^2 d`` is comparable to the data term's
-    ``n N (N + d)``.
-    """
-
-    shard_repulsion: bool = True
-    rank: int | None = None
-    world_size: int | None = None
-
-    def value_and_grad(
-        self, omega: torch.Tensor, batches
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """Energy (scalar), gradient (N, d) and ``{alignment, repulsion}``; ``batches`` are
-        this rank's shard."""
-        rank = get_rank() if self.rank is None else self.rank
-        world = get_world_size() if self.world_size is None else self.world_size
-        if (not self.shard_repulsion or world == 1 or self.potential is None
-                or self.lam == 0):
-            return super().value_and_grad(omega, batches)
-        a, grad_a = alignment_value_and_grad(
-            omega, batches, self.features, center=self.center, reduce=self.reduce
-        )
-        w, grad_w = sharded_riesz_energy_and_grad(omega, self.potential, rank, world,
-                                                  reduce=self.reduce)
-        grad = -grad_a + self.lam * grad_w
-        energy = -a.to(omega.dtype) + self.lam * w.to(omega.dtype)
-        return energy, grad, {"alignment": float(a), "repulsion": float(w)}
-
-    __call__ = value_and_grad
 
 
 # ------------------------------------------------------------------------------ the runtime

@@ -210,6 +210,16 @@ class Runtime:
         """Sum tensors over processes (identity here)."""
         return tensors
 
+    @property
+    def comm(self):
+        """The particle driver's cross-process hook (:class:`~coulomb_attention.energy.Comm`),
+        ``None`` with one process."""
+        if self.world_size == 1:
+            return None
+        from ..energy import Comm
+
+        return Comm(self.all_reduce_sum, self.rank, self.world_size)
+
 
 @dataclass
 class FitResult:

@@ -3,8 +3,9 @@
 * warm-up and phase B (fine-tuning) are :func:`coulomb_attention.train.loop.fit` (particles
   are buffers, so cross-entropy never moves them);
 * phase A (:func:`align_features`) moves the particles of each attention layer by projected
-  Langevin dynamics on ``H = -A + lam W`` (:class:`coulomb_attention.energy.Hamiltonian`,
-  :func:`coulomb_attention.dynamics.projected_langevin`, :func:`coulomb_attention.dynamics.run`)
+  Langevin dynamics on ``H = -A + lam W`` (:class:`coulomb_attention.energy.Hamiltonian` with
+  the :class:`~coulomb_attention.energy.LabelAlignment` data term, moved by
+  :func:`coulomb_attention.dynamics.learn_particles`)
   with the sequence kernel of DESIGN.md::
 
       phibar(S) = mean over real tokens t (and heads sharing omega) of phi(q_t; omega)   (N,)
@@ -27,11 +28,13 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .._validation import check_choice, check_nonnegative, check_positive
-from ..dynamics import make_projection, make_schedule, projected_langevin, run
+from ..dynamics import LangevinSchedule, cycle, learn_particles, make_projection
 from ..energy import (
     POTENTIALS,
     AlignmentStats,
+    Comm,
     Hamiltonian,
+    LabelAlignment,
     alignment_from_stats,
     alignment_stats,
     encode_labels,
@@ -86,6 +89,12 @@ class AlignConfig:
         for name in ("beta", "lam", "max_drift", "s"):
             check_nonnegative(name, getattr(self, name))
         check_choice("potential", self.potential, POTENTIALS)
+
+    def schedule(self) -> LangevinSchedule:
+        """The Langevin schedule of one layer (cosine step size ``eta -> eta_end``)."""
+        return LangevinSchedule(steps=self.steps, eta=self.eta, eta_end=self.eta_end,
+                                eta_schedule="cosine", beta=self.beta,
+                                max_drift=self.max_drift or None)
 
 
 def collect_queries(
@@ -159,14 +168,14 @@ def sequence_features(layer: nn.Module, heads: slice):
 
 
 @torch.no_grad()
-def _alignment(omega, batches, features, center, reduce=None) -> float:
+def _alignment(omega, batches, features, center, comm=None) -> float:
     """Exact centered alignment of all ``batches`` (streamed statistics, no gradient)."""
     stats = None
     for inputs, y in batches:
         s = alignment_stats(features(inputs, omega), y)
         stats = s if stats is None else stats + s
-    if reduce is not None:
-        stats = AlignmentStats.from_tensors(reduce(stats.tensors()))
+    if comm is not None:
+        stats = AlignmentStats.from_tensors(comm.reduce(stats.tensors()))
     return float(alignment_from_stats(stats, center=center))
 
 
@@ -178,7 +187,7 @@ def align_features(
     generator: torch.Generator,
     device: torch.device | str = "cpu",
     progress: bool = False,
-    reduce=None,
+    comm: Comm | None = None,
     on_layer_done=None,
     resume: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
@@ -194,9 +203,9 @@ def align_features(
         Draws the examples, their order, and the Langevin noise.
     device : where the model runs while the representations are collected
     progress : print one line per layer
-    reduce : optional cross-process sum (``torch.distributed``): each process passes its
-        shard of the data and the same-seeded generator; statistics and gradients are summed
-        (see :func:`coulomb_attention.energy.alignment_value_and_grad`).
+    comm : optional :class:`~coulomb_attention.energy.Comm` (``torch.distributed``): each
+        process passes its shard of the data and the same-seeded generator; statistics and
+        gradients are summed, the pair sum is split by rows (exact data parallelism).
     on_layer_done : optional ``callback(next_layer, records, generator_state)`` called after
         every aligned layer (the model's ``omega`` buffers are already updated): a checkpoint.
     resume : optional ``{"next_layer", "records", "generator_state"}`` from such a checkpoint
@@ -255,33 +264,20 @@ def align_features(
             features = sequence_features(layer, heads)
             potential = (make_potential(config.potential, s=config.s, eps=config.eps, dim=dh)
                          if config.lam > 0 else None)
-            ham = Hamiltonian(features, potential, lam=config.lam, center=config.center,
-                              reduce=reduce)
-            projection = make_projection("ball", config.radius * math.sqrt(dh))
-            beta = math.inf if config.beta == 0 else config.beta
-            init_fn, step_fn = projected_langevin(
-                lambda omega, batch, ham=ham: ham.value_and_grad(omega, [batch]),
-                projection,
-                eta=config.eta,
-                beta=beta,
-                max_drift=config.max_drift or None,
-            )
+            ham = Hamiltonian(LabelAlignment(features, center=config.center), potential,
+                              lam=config.lam)
             omega0 = omega_all[g]
-            before = _alignment(omega0, fit_batches, features, config.center, reduce)
-            hold_before = (_alignment(omega0, hold_batches, features, config.center, reduce)
+            before = _alignment(omega0, fit_batches, features, config.center, comm)
+            hold_before = (_alignment(omega0, hold_batches, features, config.center, comm)
                            if hold_batches else None)
             order = torch.randperm(len(fit_batches), generator=generator).tolist()
-
-            def cycle(order=order, batches=fit_batches):
-                while True:
-                    for i in order:
-                        yield batches[i]
-
-            schedule = make_schedule("cosine", config.eta, config.eta_end, config.steps)
-            state, trace = run(init_fn(omega0, generator), step_fn, config.steps, cycle(),
-                               eta_schedule=schedule)
-            after = _alignment(state.omega, fit_batches, features, config.center, reduce)
-            hold_after = (_alignment(state.omega, hold_batches, features, config.center, reduce)
+            result = learn_particles(
+                ham, omega0, config.schedule(), cycle(fit_batches, order),
+                projection=make_projection("ball", config.radius * math.sqrt(dh)),
+                generator=generator, comm=comm)
+            state, trace = result.state, result.trace
+            after = _alignment(state.omega, fit_batches, features, config.center, comm)
+            hold_after = (_alignment(state.omega, hold_batches, features, config.center, comm)
                           if hold_batches else None)
             new_omega[g] = state.omega
             records.append({

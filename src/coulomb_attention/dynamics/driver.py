@@ -1,0 +1,202 @@
+"""The one particle driver: projected Langevin dynamics of a Hamiltonian over a schedule.
+
+Every place that moves particles calls :func:`learn_particles` (the estimators, phase A of
+the Transformer, the conversion of a pretrained encoder, the mean-field particle system and
+the benchmarks); none calls :func:`~coulomb_attention.dynamics.projected_langevin` itself.
+
+    omega_i <- Proj_K( omega_i - eta_k * N * grad_i H + sqrt(2 eta_k / beta_k) xi_i )
+
+with ``eta_k`` and ``beta_k`` from a :class:`LangevinSchedule`, one batch per step from
+``batches`` (cycled), the cross-process hook ``comm`` handed to the Hamiltonian (exact data
+parallelism: every rank holds the same particles, the noise comes from a same-seeded
+generator), and per-step callbacks (history, progress, checkpoint).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .._validation import check_choice, check_positive
+from .langevin import SCHEDULES, LangevinState, make_schedule, projected_langevin
+
+__all__ = ["DriftNormalizer", "LangevinSchedule", "ParticleRun", "cycle", "learn_particles"]
+
+
+@dataclass(frozen=True)
+class LangevinSchedule:
+    """Steps, step size and temperature of one run of the dynamics.
+
+    Attributes
+    ----------
+    steps : int                number of Langevin steps
+    eta : float                (initial) step size
+    eta_end : float or None    final step size (``eta_schedule`` cosine / geometric)
+    eta_schedule : str         constant, cosine or geometric
+    beta : float               (final) inverse temperature; ``inf`` (or 0, read as inf): no noise
+    beta_start : float or None initial inverse temperature for ``beta_schedule`` geometric
+    beta_schedule : str        constant or geometric (annealing beta_start -> beta)
+    max_drift : float or None  cap on one particle's drift per step (None or 0: none)
+    """
+
+    steps: int = 100
+    eta: float = 1e-2
+    eta_end: float | None = None
+    eta_schedule: str = "constant"
+    beta: float = math.inf
+    beta_start: float | None = None
+    beta_schedule: str = "constant"
+    max_drift: float | None = None
+
+    def __post_init__(self) -> None:
+        check_positive("steps", self.steps, integer=True)
+        check_positive("eta", self.eta)
+        check_choice("eta_schedule", self.eta_schedule, SCHEDULES)
+        check_choice("beta_schedule", self.beta_schedule, ("constant", "geometric"))
+        if self.beta == 0:  # 0 reads as infinity (no noise), as in the configs
+            object.__setattr__(self, "beta", math.inf)
+        check_positive("beta", self.beta, allow_inf=True)
+        if self.max_drift == 0:
+            object.__setattr__(self, "max_drift", None)
+        if self.eta_schedule != "constant" and self.eta_end is None:
+            raise ValueError(f"eta_schedule {self.eta_schedule!r} needs eta_end")
+        if self.beta_schedule == "geometric" and self.beta_start is None:
+            raise ValueError("beta_schedule 'geometric' needs beta_start")
+
+    def eta_fn(self) -> Callable[[int], float]:
+        return make_schedule(self.eta_schedule, self.eta, self.eta_end, self.steps)
+
+    def beta_fn(self) -> Callable[[int], float] | None:
+        if self.beta_schedule == "constant":
+            return None
+        return make_schedule("geometric", self.beta_start, self.beta, self.steps)
+
+
+class DriftNormalizer:
+    """Divides the gradient by a running RMS of the per-particle drift ``N |grad_i|``.
+
+    The core drift ``eta * N * grad`` then has a per-particle RMS of about ``eta`` (in the
+    particles' units) whatever the scale of the energy: a scale-free step size.
+    """
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self.sq: float | None = None
+
+    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
+        n = grad.shape[0]
+        sq = float((n * grad).pow(2).sum(1).mean())
+        self.sq = sq if self.sq is None else self.decay * self.sq + (1 - self.decay) * sq
+        return grad / math.sqrt(max(self.sq, 1e-300))
+
+
+@dataclass
+class ParticleRun:
+    """The result of :func:`learn_particles`.
+
+    Attributes
+    ----------
+    omega : Tensor (N, d)   final particles
+    trace : list of dict    one per step (energy, data-term parts, repulsion, boundary
+                            fraction, gradient norm, eta, beta, what callbacks added)
+    state : LangevinState   final state (its generator continues the noise stream)
+    """
+
+    omega: torch.Tensor
+    trace: list[dict] = field(default_factory=list)
+    state: LangevinState | None = None
+
+
+def cycle(batches: Sequence, order: Sequence[int] | None = None) -> Iterator:
+    """Endless iterator over ``batches`` in ``order`` (default: as given)."""
+    if not batches:
+        raise ValueError("no data: batches is empty")
+    order = list(range(len(batches))) if order is None else list(order)
+    while True:
+        for i in order:
+            yield batches[i]
+
+
+def learn_particles(
+    hamiltonian,
+    omega0: torch.Tensor,
+    schedule: LangevinSchedule,
+    batches: Iterable | None = None,
+    *,
+    projection: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    generator: torch.Generator,
+    comm=None,
+    normalize_drift: bool = False,
+    callbacks: Sequence[Callable[[LangevinState, dict], None]] = (),
+    progress: bool | str = False,
+    start_step: int = 0,
+) -> ParticleRun:
+    """Run the projected Langevin dynamics of ``hamiltonian`` from ``omega0``.
+
+    Parameters
+    ----------
+    hamiltonian : an object with ``value_and_grad(omega, batches, comm)``
+        (:class:`~coulomb_attention.energy.Hamiltonian`)
+    omega0 : Tensor, shape (N, d)   initial particles (projected first)
+    schedule : LangevinSchedule
+    batches : iterator (or sequence, then cycled) yielding one batch per step; each step's
+        energy sees ``[batch]``. ``None``: the data term sees no batches (``[]``).
+    projection : ``omega -> (projected omega, on-boundary mask (N,))`` (Ball, Box, ...)
+    generator : torch.Generator of the Langevin noise (same seed on every rank)
+    comm : optional :class:`~coulomb_attention.energy.Comm`, the all-reduce hook
+    normalize_drift : divide the gradient by a running RMS of the drift (:class:`DriftNormalizer`)
+    callbacks : ``callback(state, info)`` after every step (may add keys to ``info``)
+    progress : show a progress bar (a string: its description)
+    start_step : the schedule's step to start at (a resumed run)
+
+    Returns
+    -------
+    ParticleRun
+    """
+    if omega0.ndim != 2:
+        raise ValueError(f"omega0 must have shape (N, d), got {tuple(omega0.shape)}")
+    if not isinstance(schedule, LangevinSchedule):
+        raise TypeError(f"schedule must be a LangevinSchedule, got {type(schedule).__name__}")
+    if batches is not None and isinstance(batches, Sequence):
+        batches = cycle(batches)
+    normalizer = DriftNormalizer() if normalize_drift else None
+
+    def energy_grad(omega, batch):
+        energy, grad, info = hamiltonian.value_and_grad(
+            omega, [] if batch is None else [batch], comm)
+        if normalizer is not None:
+            grad = normalizer(grad)
+        return energy, grad, info
+
+    init_fn, step_fn = projected_langevin(energy_grad, projection, eta=schedule.eta,
+                                          beta=schedule.beta, max_drift=schedule.max_drift)
+    eta_fn, beta_fn = schedule.eta_fn(), schedule.beta_fn()
+    state = init_fn(omega0, generator)
+    state.step = int(start_step)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=schedule.steps, initial=state.step,
+                   desc=progress if isinstance(progress, str) else "Langevin", leave=False)
+    trace: list[dict] = []
+    try:
+        while state.step < schedule.steps:
+            batch = next(batches) if batches is not None else None
+            kwargs = {"eta": eta_fn(state.step)}
+            if beta_fn is not None:
+                kwargs["beta"] = beta_fn(state.step)
+            state, info = step_fn(state, batch, **kwargs)
+            for cb in callbacks:
+                cb(state, info)
+            trace.append(info)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(energy=f"{info['energy']:.4g}", refresh=False)
+    finally:
+        if bar is not None:
+            bar.close()
+    return ParticleRun(omega=state.omega, trace=trace, state=state)

@@ -1,0 +1,41 @@
+"""Attention ops as pure tensor functions, one module per idea, each fast op with a naive twin.
+
+- :mod:`.checks`: input validation, compute dtype, autocast guard;
+- :mod:`.linear`: :func:`linear_attention` from precomputed features;
+- :mod:`.reference`: the naive quadratic twins and exact softmax attention;
+- :mod:`.favor`: the FAVOR+ feature map and :func:`favor_attention`, which picks the
+  association order by cost;
+- :mod:`.quadratic`: FAVOR+ in the quadratic order, one batched pass (short sequences);
+- :mod:`.fused`: FAVOR+ in the linear order, fused and chunked (long sequences);
+- :mod:`.workspace`: the thread-local scratch buffers of the fused path;
+- :mod:`.causal`: causal linear attention and causal FAVOR+.
+"""
+
+from .causal import causal_favor_attention, causal_linear_attention
+from .checks import check_key_mask
+from .favor import (
+    QUADRATIC_COST_RATIO,
+    default_chunk_size,
+    favor_attention,
+    favor_features,
+    quadratic_is_cheaper,
+)
+from .linear import linear_attention
+from .reference import naive_favor_attention, naive_linear_attention, softmax_attention
+from .workspace import clear_workspace
+
+__all__ = [
+    "QUADRATIC_COST_RATIO",
+    "causal_favor_attention",
+    "causal_linear_attention",
+    "check_key_mask",
+    "clear_workspace",
+    "default_chunk_size",
+    "favor_attention",
+    "favor_features",
+    "linear_attention",
+    "naive_favor_attention",
+    "naive_linear_attention",
+    "quadratic_is_cheaper",
+    "softmax_attention",
+]

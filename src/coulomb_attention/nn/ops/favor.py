@@ -1,0 +1,211 @@
+"""FAVOR+ attention: the stabilised feature map and the entry point that picks the order.
+
+Features ``exp(w . x - |x|^2/2 - shift)`` (the core :func:`coulomb_attention.features.log_positive`
+plus an exponential), shifts that cancel in the attention ratio. :func:`favor_attention` computes
+the normalised ``phi(Q) phi(K)^T V`` in the cheaper association order: quadratic
+(:mod:`.quadratic`, one batched pass) at short sequences, linear (:mod:`.fused`, chunked) at
+long ones; the crossover is measured (:data:`QUADRATIC_COST_RATIO`) and overridable (``order``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...features import log_positive
+from .checks import (
+    _check_4d,
+    _check_omega,
+    _check_qkv,
+    _chunk_size,
+    _compute_dtype,
+    _no_autocast,
+    _safe,
+    check_key_mask,
+)
+from .fused import _FavorFn
+from .quadratic import favor_attention_quadratic
+
+__all__ = [
+    "QUADRATIC_COST_RATIO",
+    "default_chunk_size",
+    "favor_attention",
+    "favor_features",
+    "quadratic_is_cheaper",
+]
+
+
+def _favor_logits(u: torch.Tensor, om: torch.Tensor) -> torch.Tensor:
+    """``log_positive(u, w)`` of (B, H, L, d) with omega (1 or H, M, d): (B, H, L, M), all
+    heads in one (broadcast) matmul."""
+    if om.shape[0] == 1:
+        return log_positive(u, om[0])
+    return torch.matmul(u, om.transpose(-1, -2)) - 0.5 * (u * u).sum(-1, keepdim=True)
+
+
+def favor_features(
+    u: torch.Tensor,
+    omega: torch.Tensor,
+    *,
+    is_query: bool,
+    key_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Stabilised FAVOR+ features as the attention uses them (float32 or float64).
+
+    ``exp(u . w_m - |u|^2/2 - shift) / sqrt(M)``: the core map
+    :func:`coulomb_attention.features.positive` with a shift that cancels in the attention
+    ratio, the row max for queries and one max per (batch, head) over the real keys for keys.
+    Padded keys (``key_mask`` False) get feature 0 (the same as multiplying by the mask,
+    without ever forming ``inf * 0``).
+
+    Parameters
+    ----------
+    u : torch.Tensor, shape (B, H, L, d)
+    omega : torch.Tensor, shape (1 or H, M, d)
+    is_query : bool
+    key_mask : torch.Tensor of bool, shape (B, L), optional (keys only)
+
+    Returns
+    -------
+    torch.Tensor, shape (B, H, L, M)
+    """
+    _check_4d("u", u)
+    _check_omega(omega, u.shape[1], u.shape[-1])
+    check_key_mask(key_mask, u.shape[0], u.shape[2])
+    dt = _compute_dtype(u)
+    with _no_autocast(u):
+        om = omega.to(dt)
+        logits = _favor_logits(u.to(dt), om)  # (B, H, L, M)
+        if is_query:
+            shift = logits.amax(-1, keepdim=True)  # (B, H, L, 1)
+        else:
+            if key_mask is not None:
+                logits = logits.masked_fill(~key_mask[:, None, :, None], -math.inf)
+            shift = logits.amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
+        shift = _safe(shift.detach()) + 0.5 * math.log(om.shape[1])
+        return torch.exp(logits - shift)
+
+
+# Measured crossover of the association orders (``bench attention --short``, 2 CPU threads,
+# torch 2.13): the quadratic order was the faster one while its extra work ``T S (M + e)``
+# stayed below about this many times the linear order's ``(T + S) M (e + 1)`` (see
+# docs/attention.md for the measurement).
+QUADRATIC_COST_RATIO = 4.0
+ORDERS = ("auto", "quadratic", "linear")
+
+
+def quadratic_is_cheaper(T: int, S: int, n_features: int, e: int,
+                         ratio: float | None = None) -> bool:
+    """Whether the quadratic order ``(phi(Q) phi(K)^T) V`` is the cheaper one.
+
+    Both orders compute the features, ``(T + S) M d``. Beyond that the quadratic order costs
+    ``T S (M + e)`` (kernel matrix and output) and the linear order ``(T + S) M (e + 1)``
+    (key-value state and output with normaliser) in chunked loops with more, smaller ops; the
+    quadratic order is chosen while ``T S (M + e) <= ratio (T + S) M (e + 1)``, ``ratio``
+    defaulting to the measured :data:`QUADRATIC_COST_RATIO`.
+    """
+    ratio = QUADRATIC_COST_RATIO if ratio is None else ratio
+    return T * S * (n_features + e) <= ratio * (T + S) * n_features * (e + 1)
+
+
+def _check_order(order: str) -> str:
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    return order
+
+
+def use_quadratic(order: str, T: int, S: int, n_features: int, e: int) -> bool:
+    """``order`` resolved: ``"quadratic"``, ``"linear"``, or ``"auto"`` by
+    :func:`quadratic_is_cheaper`."""
+    if _check_order(order) == "auto":
+        return quadratic_is_cheaper(T, S, n_features, e)
+    return order == "quadratic"
+
+
+def default_chunk_size(groups: int, n_features: int) -> int:
+    """Rows per chunk so that one ``(groups, chunk, n_features)`` float32 block is ~2 MiB
+    (in cache on a small CPU). Measured on 2 cores at L = 16384, B * H = 4: 2 MiB blocks were
+    the fastest or within noise of it for M = 64 and 256 (1024 to 4096 rows for M = 64)."""
+    return int(min(8192, max(64, (1 << 19) // max(1, groups * n_features))))
+
+
+def favor_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    omega: torch.Tensor,
+    key_mask: torch.Tensor | None = None,
+    *,
+    chunk_size: int | None = None,
+    order: str = "auto",
+) -> torch.Tensor:
+    """FAVOR+ linear attention, in the cheaper association order (the fast path).
+
+    Equal (up to rounding) to :func:`.reference.naive_favor_attention`: positive features
+    ``exp(w . x - |x|^2/2)`` (the core :func:`coulomb_attention.features.log_positive` plus
+    an exponential) with shifts that cancel in the attention ratio, padded keys contributing
+    zero. Two orders compute the same normalised ``phi(Q) phi(K)^T V``:
+
+    - ``"quadratic"``: the ``(T, S)`` kernel matrix in one batched pass over all batches and
+      heads (:mod:`.quadratic`); O(T S (M + e)) time and O(T S) memory per head, the fastest
+      at short sequences;
+    - ``"linear"``: ``phi(Q) (phi(K)^T V)`` fused and chunked (:mod:`.fused`): keys then
+      queries in chunks of ``chunk_size`` rows with a recomputing backward, O((T + S) M (d + e))
+      time and O(L d) memory per head;
+    - ``"auto"`` (default): the quadratic order where :func:`quadratic_is_cheaper` says so.
+
+    Parameters
+    ----------
+    q : torch.Tensor, shape (B, H, T, d)
+    k : torch.Tensor, shape (B, H, S, d)
+    v : torch.Tensor, shape (B, H, S, e)
+    omega : torch.Tensor, shape (1 or H, M, d)
+        Particles (rows), shared across heads when the first dimension is 1.
+    key_mask : torch.Tensor of bool, shape (B, S), optional
+    chunk_size : int, optional
+        Rows per chunk of the linear order; default :func:`default_chunk_size`.
+    order : {"auto", "quadratic", "linear"}
+        Association order.
+
+    Returns
+    -------
+    torch.Tensor, shape (B, H, T, e), dtype of ``v``.
+    """
+    _check_qkv(q, k, v, key_mask)
+    _check_omega(omega, q.shape[1], q.shape[-1])
+    B, H, T, d = q.shape
+    S, e = v.shape[2], v.shape[3]
+    M = omega.shape[1]
+    dt = _compute_dtype(v)
+    shared = omega.shape[0] == 1
+    groups = B * H if shared else B
+    chunk_size = _chunk_size(chunk_size, default_chunk_size(groups, M))
+    quadratic = use_quadratic(order, T, S, M, e)
+    with _no_autocast(v):
+        qq, kk, vv, om = (t.to(dt) for t in (q, k, v, omega))
+        if quadratic:
+            out = favor_attention_quadratic(qq, kk, vv, om, key_mask)
+        elif shared:
+            mask = None
+            if key_mask is not None:
+                mask = key_mask[:, None, :].expand(B, H, S).reshape(B * H, S)
+            out = _FavorFn.apply(
+                qq.reshape(B * H, T, d).contiguous(),
+                kk.reshape(B * H, S, d).contiguous(),
+                vv.reshape(B * H, S, e).contiguous(),
+                om[0],
+                mask,
+                chunk_size,
+            )
+            out = out.view(B, H, T, e)
+        else:  # one omega per head: one fused call per head (B groups each)
+            outs = [
+                _FavorFn.apply(
+                    qq[:, h].contiguous(), kk[:, h].contiguous(), vv[:, h].contiguous(),
+                    om[h], key_mask, chunk_size,
+                )
+                for h in range(H)
+            ]
+            out = torch.stack(outs, dim=1)
+    return out.to(v.dtype)

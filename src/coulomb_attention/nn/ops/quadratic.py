@@ -1,0 +1,132 @@
+"""FAVOR+ in the quadratic association order: ``normalise(phi(Q) phi(K)^T) V`` in one batched
+pass over all batches and heads (the short-sequence path).
+
+At short sequences the ``(T, S)`` kernel matrix costs fewer operations than the chunked linear
+order's overheads (see :func:`.favor.quadratic_is_cheaper`), and it is a handful of large
+batched matmuls: features of all heads at once (one matmul with omega shared, one broadcast
+matmul with one omega per head), one matmul for the kernel matrix, one for the output.
+
+Shifts (all cancel in the attention ratio): each key feature m by its max over the real keys,
+``c_m = max_s a_sm``; each query feature by ``+c_m`` and then its row max ``s_t``. The product
+``phi_q[t, m] phi_k[s, m] = exp(b_tm + a_sm - s_t)`` is then exact, every exponent is <= 0,
+and each row with a real key has a term equal to 1, so the normaliser is >= 1 at any input
+norm (non-causal). The exponentials are ``exp2`` of logits in log2 units (omega carries
+``log2 e``; ``exp2`` is 2-3x faster than ``exp`` on CPU). ``-|q|^2/2`` is a per-row constant
+and left out (cancels; its gradient term ``-q sum_m dL/db_tm`` is exactly 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .checks import _safe
+
+# log2(e): logits in log2 units, features by exp2 (as in the fused path).
+_LOG2E = 1.0 / math.log(2.0)
+
+
+def _heads_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w`` for x (B, H, L, n) and w (1 or H, n, m): one matmul for all heads."""
+    return torch.matmul(x, w[0] if w.shape[0] == 1 else w)
+
+
+def _favor_features_quadratic(q, k, w, key_mask):
+    """Query and key features with the shifts of the module docstring, in one expression each.
+
+    q (B, H, T, d), k (B, H, S, d), w (1 or H, M, d). Returns ``phi_q`` (B, H, T, M) and
+    ``phi_k`` (B, H, S, M); padded keys have features exactly 0.
+    """
+    wt = w.transpose(-1, -2) * _LOG2E  # (1 or H, d, M), log2 units
+    a = _heads_matmul(k, wt)  # (B, H, S, M)
+    rk = torch.linalg.vector_norm(k, dim=-1, keepdim=True)  # (B, H, S, 1)
+    a.addcmul_(rk, rk, value=-0.5 * _LOG2E)  # log2 of exp(k . w - |k|^2/2)
+    if key_mask is not None:
+        a.masked_fill_(~key_mask[:, None, :, None], -math.inf)
+    c = _safe(a.amax(-2, keepdim=True))  # (B, H, 1, M); 0 for a head without real keys
+    phi_k = a.sub_(c).exp2_()
+    b = _heads_matmul(q, wt).add_(c)  # (B, H, T, M)
+    phi_q = b.sub_(b.amax(-1, keepdim=True)).exp2_()
+    return phi_q, phi_k
+
+
+class _FavorQuadFn(torch.autograd.Function):
+    """Normalised ``(phi(q) phi(k)^T) v`` with a hand-written backward.
+
+    Inputs: q (B, H, T, d), k (B, H, S, d), v (B, H, S, e), w (1 or H, M, d), key_mask (B, S)
+    or None, causal (bool, T == S: the kernel matrix keeps s <= t). Returns ``out`` (B, H, T, e)
+    and ``ok`` (a bool tensor, not differentiable): False when some causal row with a real key
+    has an underflowed normaliser (its keys are far below the per-feature max of the whole
+    sequence); the caller then takes the causal chunked path. Non-causal rows never underflow.
+
+    Backward with ``P = A / den`` (B, H, T, S): ``dv = P^T g``; ``dA = (g v^T - g . out) / den``;
+    ``dphi_q = dA phi_k``, ``dphi_k = dA^T phi_q``; through ``exp``: ``db = dphi_q phi_q``,
+    ``da = dphi_k phi_k``; ``dq = db w``, ``dk = da w - k sum_m da``,
+    ``dw = sum (db^T q + da^T k)``. The shifts are constants (they cancel in the ratio).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, key_mask, causal):
+        phi_q, phi_k = _favor_features_quadratic(q, k, w, key_mask)
+        p = torch.matmul(phi_q, phi_k.transpose(-1, -2))  # (B, H, T, S)
+        if causal:
+            p.tril_()
+        den = p.sum(-1, keepdim=True)  # (B, H, T, 1)
+        inv_den = torch.where(den > 0, den.reciprocal(), 0.0)  # a row without keys: output 0
+        ok = torch.ones((), dtype=torch.bool)
+        if causal:
+            has_key = (torch.ones_like(den, dtype=torch.bool) if key_mask is None
+                       else (key_mask.cumsum(-1) > 0)[:, None, :, None])
+            ok = ((den >= _UNDERFLOW) | ~has_key).all()
+        p.mul_(inv_den)
+        out = torch.matmul(p, v)  # (B, H, T, e)
+        ctx.mark_non_differentiable(ok)
+        ctx.save_for_backward(q, k, v, w, phi_q, phi_k, p, inv_den, out)
+        ctx.causal = causal
+        return out, ok
+
+    @staticmethod
+    def backward(ctx, g, _g_ok):
+        q, k, v, w, phi_q, phi_k, p, inv_den, out = ctx.saved_tensors
+        need_q, need_k, need_v, need_w = ctx.needs_input_grad[:4]
+        dv = torch.matmul(p.transpose(-1, -2), g) if need_v else None
+        dq = dk = dw = None
+        if need_q or need_k or need_w:
+            da_mat = torch.matmul(g, v.transpose(-1, -2))  # dL/dP (B, H, T, S)
+            da_mat.sub_((g * out).sum(-1, keepdim=True)).mul_(inv_den)  # dL/dA
+            if ctx.causal:
+                da_mat.tril_()
+            w0 = w[0] if w.shape[0] == 1 else w
+            db = torch.matmul(da_mat, phi_k).mul_(phi_q) if (need_q or need_w) else None
+            da = (torch.matmul(da_mat.transpose(-1, -2), phi_q).mul_(phi_k)
+                  if (need_k or need_w) else None)
+            if need_q:
+                dq = torch.matmul(db, w0)
+            if need_k:
+                dk = torch.matmul(da, w0).addcmul_(k, da.sum(-1, keepdim=True), value=-1.0)
+            if need_w:
+                dw = _dw(db, q, w) + _dw(da, k, w)
+        return dq, dk, dv, dw, None, None
+
+
+def _dw(dlogits, x, w):
+    """``sum dlogits^T x`` over the batch (and the heads when omega is shared): (1 or H, M, d)."""
+    M, d = w.shape[1], w.shape[2]
+    if w.shape[0] == 1:
+        return (dlogits.reshape(-1, M).T @ x.reshape(-1, d)).unsqueeze(0)
+    return torch.matmul(dlogits.transpose(-1, -2), x).sum(0)
+
+
+# A causal normaliser below this (with a real key) sends the call to the chunked path.
+_UNDERFLOW = 2.0**-60
+
+
+def favor_attention_quadratic(q, k, v, w, key_mask=None, causal=False):
+    """FAVOR+ in the quadratic order (inputs already in the compute dtype).
+
+    q (B, H, T, d), k (B, H, S, d), v (B, H, S, e), w (1 or H, M, d), key_mask (B, S) or None.
+    Returns ``out`` (B, H, T, e), or ``None`` when a causal normaliser underflowed.
+    """
+    out, ok = _FavorQuadFn.apply(q, k, v, w, key_mask, causal)
+    return out if bool(ok) else None
