@@ -9,7 +9,6 @@ here in one process. The launch has a timeout, so a hung collective cannot hang 
 from __future__ import annotations
 
 import itertools
-
 import os
 import subprocess
 import sys

@@ -312,8 +312,8 @@ def test_experiment_run_one_on_samples(tiny_dir, tmp_path):
 def test_scratch_model_on_pretrained_token_embeddings(tiny_dir, tmp_path):
     """``embeddings=<checkpoint>``: its vocabulary, its token table frozen (unchanged after
     training), a learned projection from the table's width to the model's."""
-    from coulomb_attention.config import from_dict
     from coulomb_attention.commands.train import RunConfig, train_one
+    from coulomb_attention.config import from_dict
     from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
     from coulomb_attention.nn.pretrained import load_token_embeddings
     from coulomb_attention.train.checkpoint import latest_checkpoint, load_model_file

@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-from coulomb_attention.config import override
-from coulomb_attention.data import SAMPLES_DIR
 from coulomb_attention.commands import report, suite
 from coulomb_attention.commands import train as train_cmd
+from coulomb_attention.config import override
+from coulomb_attention.data import SAMPLES_DIR
 from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
 from coulomb_attention.train.checkpoint import (
     atomic_write_json,
