@@ -40,6 +40,7 @@ from ..energy import (
     encode_labels,
     make_potential,
 )
+from .capture import layer_inputs
 from .loop import EncodedDataset, collate
 
 __all__ = ["AlignConfig", "align_features", "collect_queries", "sequence_features"]
@@ -112,41 +113,18 @@ def collect_queries(
     (padding is dropped here, so phase A never spends time on it).
     """
     layer = model.attention_layers[layer_index]
-    captured: dict[str, torch.Tensor] = {}
-
-    def hook(module, args, kwargs):
-        x = args[0] if args else kwargs["x"]
-        mask = args[1] if len(args) > 1 else kwargs.get("mask")
-        captured["q"] = module.queries(x)
-        captured["mask"] = mask
-        raise _Stop
-
-    handle = layer.register_forward_pre_hook(hook, with_kwargs=True)
-    was_training = model.training
-    model.eval()
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate)
     out = []
-    try:
-        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collate)
+    labels = [lab for _, _, lab in loader]
+    pairs = ((ids, mask) for ids, mask, _ in loader)
+    for (x, m), lab in zip(layer_inputs(model, layer_index, pairs, device), labels, strict=True):
         with torch.no_grad():
-            for ids, mask, labels in loader:
-                try:
-                    model(ids.to(device), mask.to(device))
-                except _Stop:
-                    pass
-                q = captured["q"].detach().to("cpu", torch.float32)  # (B, H, T, dh)
-                m = captured["mask"]
-                m = torch.ones(q.shape[0], q.shape[2], dtype=torch.bool) if m is None else m.cpu()
-                seq, pos = m.bool().nonzero(as_tuple=True)  # real tokens, row-major
-                q_tok = q.permute(0, 2, 1, 3)[seq, pos].contiguous()  # (n_tok, H, dh)
-                out.append(((q_tok, seq, int(q.shape[0])), labels))
-    finally:
-        handle.remove()
-        model.train(was_training)
+            q = layer.queries(x).detach().to("cpu", torch.float32)  # (B, H, T, dh)
+        m = torch.ones(q.shape[0], q.shape[2], dtype=torch.bool) if m is None else m.cpu()
+        seq, pos = m.bool().nonzero(as_tuple=True)  # real tokens, row-major
+        q_tok = q.permute(0, 2, 1, 3)[seq, pos].contiguous()  # (n_tok, H, dh)
+        out.append(((q_tok, seq, int(q.shape[0])), lab))
     return out
-
-
-class _Stop(Exception):
-    """Stops the forward pass once the hooked layer's input is captured."""
 
 
 def sequence_features(layer: nn.Module, heads: slice):
