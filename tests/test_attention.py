@@ -616,3 +616,157 @@ def test_causal_bad_inputs():
         AF.causal_linear_attention(v, v, v, chunk_size=0)
     with pytest.raises(TypeError, match="causal"):
         KernelAttention(8, 2, causal="yes")
+
+
+# ----------------------------------------------------------------------------- association order
+
+
+ORDERS = ("quadratic", "linear")
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_both_orders_match_naive_outputs_and_grads(order, groups, dtype):
+    """Quadratic ``(phi(Q) phi(K)^T) V`` and linear ``phi(Q) (phi(K)^T V)`` both equal the
+    naive twin (outputs and gradients of q, k, v, omega), with a padding mask."""
+    tol_out, tol_grad = (1e-12, 1e-10) if dtype == torch.float64 else (2e-6, 2e-5)
+    q, k, v = _qkv(seed=31 + groups, dtype=dtype)
+    omega = torch.randn(groups, 16, 8, generator=_gen(5), dtype=dtype).requires_grad_()
+    mask = _mask(2, 13, [13, 5])
+    fast = AF.favor_attention(q, k, v, omega, mask, order=order)
+    slow = AF.naive_favor_attention(*(t.double() for t in (q, k, v, omega)), mask)
+    assert fast.dtype == dtype
+    assert rel_err(fast, slow) < tol_out
+    ref = AF.naive_favor_attention(q, k, v, omega, mask)
+    for a, b in zip(_grads(fast, (q, k, v, omega)), _grads(ref, (q, k, v, omega)), strict=True):
+        assert rel_err(a, b) < tol_grad
+    # The padded keys are ignored: changing them changes nothing.
+    k2 = k.detach().clone()
+    k2[1, :, 5:] = 7.0
+    out2 = AF.favor_attention(q, k2, v, omega, mask, order=order)
+    assert rel_err(out2, fast) < tol_out
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_quadratic_causal_matches_naive_with_leading_padding(groups):
+    q, k, v = _qkv(T=13, S=13, seed=41)
+    omega = torch.randn(groups, 16, 8, generator=_gen(5), dtype=torch.float64)
+    omega.requires_grad_()
+    mask = _mask(2, 13, [13, 9])
+    mask[1, :3] = False  # rows 0..2 of sequence 1 see no key: output 0
+    fast = AF.causal_favor_attention(q, k, v, omega, mask, order="quadratic")
+    slow = AF.naive_favor_attention(q, k, v, omega, mask, causal=True)
+    assert rel_err(fast, slow) < 1e-12
+    assert torch.equal(fast[1, :, :3], torch.zeros_like(fast[1, :, :3]))
+    ga, gb = _grads(fast, (q, k, v, omega)), _grads(slow, (q, k, v, omega))
+    for a, b in zip(ga, gb, strict=True):
+        assert torch.isfinite(a).all()
+        assert rel_err(a, b) < 1e-10
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_quadratic_order_gradcheck(causal):
+    q, k, v = _qkv(B=1, H=2, T=4, S=4, d=3, e=2)
+    omega = torch.randn(2, 5, 3, generator=_gen(2), dtype=torch.float64, requires_grad=True)
+    mask = _mask(1, 4, [3])
+    fn = AF.causal_favor_attention if causal else AF.favor_attention
+    assert torch.autograd.gradcheck(lambda *t: fn(*t, mask, order="quadratic"),
+                                    (q, k, v, omega))
+
+
+def test_quadratic_causal_falls_back_where_a_prefix_underflows(monkeypatch):
+    """Norms shrinking along the sequence: the per-feature key max is set by the late keys and
+    the early prefixes underflow in the quadratic order; it must hand over to the blocks with
+    the online shift and still match the exact estimate."""
+    from coulomb_attention.nn.ops import quadratic as QU
+
+    results = []
+    real = QU._FavorQuadFn.apply
+
+    def spy(*a):
+        out, ok = real(*a)
+        results.append(bool(ok))
+        return out, ok
+
+    monkeypatch.setattr(QU._FavorQuadFn, "apply", spy)
+    d, L = 8, 24
+    q, k, v = _qkv(B=1, H=1, T=L, S=L, d=d, seed=23, dtype=torch.float32)
+    growth = torch.linspace(6.0, 0.5, L)[None, None, :, None]
+    q, k, v = (q * growth).detach(), (k * growth).detach(), v.detach()
+    omega = torch.randn(1, 32, d, generator=_gen(7))
+    out = AF.causal_favor_attention(q, k, v, omega, chunk_size=4, order="quadratic")
+    assert results == [False]  # tried, underflowed, fell back to blocks of 4
+    ref = AF.causal_favor_attention(q, k, v, omega, chunk_size=4, order="linear")
+    assert rel_err(out, ref) < 1e-5
+    # At ordinary norms the quadratic order is used as is.
+    AF.causal_favor_attention(q / growth, k / growth, v, omega, order="quadratic")
+    assert results == [False, True]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_both_orders_exact_at_large_norms_and_empty_rows(order):
+    q, k, v = _qkv(scale=30.0, dtype=torch.float32)
+    omega = features.orthogonal(64, 8, generator=_gen(1))[None]
+    mask = _mask(2, 13, [13, 4])
+    out = AF.favor_attention(q, k, v, omega, mask, order=order)
+    assert rel_err(out, _favor_log_domain(q, k, v, omega, mask)) < 1e-4
+    assert all(torch.isfinite(g).all() for g in _grads(out, (q, k, v)))
+    empty = _mask(2, 13, [13, 0])
+    out = AF.favor_attention(q / 30, k / 30, v, omega, empty, order=order)
+    assert out[1].abs().max() == 0 and out[0].abs().max() > 0
+    assert all(torch.isfinite(g).all() for g in _grads(out, (q, k, v)))
+
+
+def test_order_is_picked_by_cost_and_overridable(monkeypatch):
+    from coulomb_attention.nn.ops import favor as FV
+
+    calls = []
+    real_quad, real_lin = FV.favor_attention_quadratic, FV._FavorFn.apply
+    monkeypatch.setattr(FV, "favor_attention_quadratic",
+                        lambda *a, **kw: calls.append("quadratic") or real_quad(*a, **kw))
+    monkeypatch.setattr(FV._FavorFn, "apply", lambda *a: calls.append("linear") or real_lin(*a))
+    omega = torch.randn(1, 16, 8, generator=_gen(5), dtype=torch.float64)
+
+    def run(T, **kw):
+        calls.clear()
+        q, k, v = _qkv(B=1, H=1, T=T, S=T, e=8)
+        out = AF.favor_attention(q, k, v, omega, **kw)
+        assert rel_err(out, AF.naive_favor_attention(q, k, v, omega)) < 1e-12
+        return calls[-1]
+
+    # the cost rule: T S (M + e) <= ratio (T + S) M (e + 1)
+    M, e, r = 16, 8, AF.QUADRATIC_COST_RATIO
+    L_cross = 2 * r * M * (e + 1) / (M + e)  # T = S: quadratic up to this length
+    short, long = int(L_cross) // 2, int(L_cross) * 2
+    assert AF.quadratic_is_cheaper(short, short, M, e)
+    assert not AF.quadratic_is_cheaper(long, long, M, e)
+    assert run(short) == "quadratic" and run(long) == "linear"
+    assert run(short, order="linear") == "linear" and run(long, order="quadratic") == "quadratic"
+    monkeypatch.setattr(FV, "QUADRATIC_COST_RATIO", 1e-9)  # the measured constant moves it
+    assert run(short) == "linear"
+    assert AF.quadratic_is_cheaper(long, long, M, e, ratio=1e9)
+    with pytest.raises(ValueError, match="order must be one of auto, quadratic, linear"):
+        AF.favor_attention(*_qkv(), omega, order="fast")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("share", [True, False])
+def test_module_order_option_gives_the_same_layer(causal, share):
+    m = KernelAttention(24, 3, "favor", n_features=16, share_features=share, generator=7,
+                        causal=causal, chunk_size=4).double()
+    x = torch.randn(2, 9, 24, generator=_gen(3), dtype=torch.float64, requires_grad=True)
+    mask = _mask(2, 9, [9, 5])
+    outs, grads = [], []
+    for order in ("quadratic", "linear", "auto"):
+        m.order = order
+        out = m(x, mask)
+        outs.append(out)
+        grads.append(_grads(out * mask[..., None], [x, *m.parameters()]))
+    for o, g in zip(outs[1:], grads[1:], strict=True):
+        assert rel_err(o[mask], outs[0][mask]) < 1e-12
+        for a, b in zip(g, grads[0], strict=True):
+            assert (a - b).norm() <= 1e-10 * (b.norm() + 1e-6)
+    m.order = "fast"
+    with pytest.raises(ValueError, match="order"):
+        m(x, mask)

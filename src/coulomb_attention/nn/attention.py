@@ -261,7 +261,8 @@ class KernelAttention(nn.Module):
         om = self.omega
         if om.shape[0] == 1 or self.feature_map == "elu":
             return self.feature(u, om[0])
-        return torch.stack([self.feature(u[:, h], om[h]) for h in range(self.heads)], dim=1)
+        # one omega per head: the map vectorised over the head dimension (no Python loop)
+        return torch.vmap(self.feature, in_dims=(1, 0), out_dims=1)(u, om)
 
     # ------------------------------------------------------------------ forward
 
@@ -289,6 +290,11 @@ class KernelAttention(nn.Module):
         out = out.transpose(1, 2).reshape(B, T, self.dim)
         return self.out_proj(self.dropout(out))
 
+    #: Association order of the FAVOR+ ops (:func:`.functional.favor_attention`): ``"auto"``
+    #: (by cost: quadratic at short sequences, linear at long ones), ``"quadratic"`` or
+    #: ``"linear"``; set it on an instance (``layer.order = "linear"``) to override.
+    order: str = "auto"
+
     def attend(
         self,
         q: torch.Tensor,
@@ -301,7 +307,7 @@ class KernelAttention(nn.Module):
         name = self.feature_map
         if name == "favor":
             fn = AF.causal_favor_attention if self.causal else AF.favor_attention
-            return fn(q, k, v, self.omega, mask, chunk_size=self.chunk_size)
+            return fn(q, k, v, self.omega, mask, chunk_size=self.chunk_size, order=self.order)
         if name == "softmax":
             return _sdpa(q, k, v, mask, self.causal)
         # the maps upcast to float32; autocast would undo that inside the matmul q @ omega.T
