@@ -69,6 +69,10 @@ ATTENTION_FEATURES: dict[str, AttentionFeature] = {
     ),
     "elu": AttentionFeature("elu", _elu_features, None, "elu(x) + 1, no random features"),
     "softmax": AttentionFeature("softmax", None, None, "exact softmax attention (quadratic)"),
+    "none": AttentionFeature(
+        "none", None, None,
+        "no token mixing (control): each token attends only to itself, out_t = v_t",
+    ),
 }
 
 
@@ -87,10 +91,10 @@ class KernelAttention(nn.Module):
     heads : int
     feature_map : str
         One of :data:`ATTENTION_FEATURES`: ``favor``, ``porf_softplus``, ``softmax_feat``,
-        ``elu``, ``softmax``.
+        ``elu``, ``softmax``, ``none`` (no token mixing: ``out_t = out_proj(v_proj(x_t))``).
     n_features : int
-        Number of particles ``M`` per head (ignored, but still validated, for ``elu`` and
-        ``softmax``, which have none).
+        Number of particles ``M`` per head (ignored, but still validated, for ``elu``,
+        ``softmax`` and ``none``, which have none).
     tie_qk : bool
         Share the query and key projection (``k_proj is q_proj``): symmetric PSD kernel.
     dropout : float
@@ -245,7 +249,7 @@ class KernelAttention(nn.Module):
         torch.Tensor, shape (..., M) (``elu``: ``(..., head_dim)``), float32 or float64.
         """
         if self.spec.phi is None:
-            raise ValueError("exact softmax attention has no feature map")
+            raise ValueError(f"attention {self.feature_map!r} has no feature map")
         return self.spec.phi(u, omega)
 
     def _check_x(self, x: torch.Tensor) -> None:
@@ -305,6 +309,8 @@ class KernelAttention(nn.Module):
         """Attention of already projected heads: q, k ``(B, H, T|S, dh)`` (scaled as by
         :meth:`queries`), v ``(B, H, S, dh)`` -> ``(B, H, T, dh)``."""
         name = self.feature_map
+        if name == "none":  # the no-mixing control: each position's output is its own value
+            return v
         if name == "favor":
             fn = AF.causal_favor_attention if self.causal else AF.favor_attention
             return fn(q, k, v, self.omega, mask, chunk_size=self.chunk_size, order=self.order)

@@ -1,0 +1,157 @@
+"""The no-mixing control, the causal recall model, the token-pair data term, one recall run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coulomb_attention import features
+from coulomb_attention.energy.token_pair import (
+    TokenPairAlignment,
+    token_pair_alignment_naive,
+    token_pair_stats,
+)
+from coulomb_attention.nn import KernelAttention
+from coulomb_attention.nn.attention import ATTENTION_FEATURES
+from coulomb_attention.nn.recall import RecallModel, RecallModelConfig
+
+# ---------------------------------------------------------------- attention "none"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_none_attention_mixes_no_tokens(causal):
+    torch.manual_seed(0)
+    layer = KernelAttention(16, 2, "none", causal=causal).double()
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    y = layer(x, mask)
+    # it is exactly out_proj(v_proj(x)) per token
+    assert torch.allclose(y, layer.out_proj(layer.v_proj(x)), atol=1e-12)
+    for j in range(7):
+        x2 = x.clone()
+        x2[:, j] += torch.randn(3, 16, dtype=torch.float64)
+        y2 = layer(x2, mask)
+        changed = (y2 - y).abs().amax(dim=(0, 2)) > 1e-12  # (T,)
+        assert changed.tolist() == [i == j for i in range(7)]
+
+
+def test_none_attention_has_no_particles():
+    assert not ATTENTION_FEATURES["none"].has_features
+    layer = KernelAttention(8, 2, "none", n_features=16)
+    assert layer.omega.shape == (1, 0, 4)
+    with pytest.raises(ValueError, match="no particles"):
+        layer.load_features_(torch.zeros(16, 4))
+    with pytest.raises(ValueError, match="no feature map"):
+        layer.feature(torch.zeros(2, 4), torch.zeros(3, 4))
+
+
+def test_a_softmax_layer_does_mix_tokens():
+    # the control above could pass vacuously if the probe were blind: it is not
+    torch.manual_seed(0)
+    layer = KernelAttention(16, 2, "softmax").double()
+    x = torch.randn(1, 5, 16, dtype=torch.float64)
+    y = layer(x)
+    x2 = x.clone()
+    x2[:, 4] += 1.0
+    assert (layer(x2) - y)[:, :4].abs().max() > 1e-6
+
+
+# ---------------------------------------------------------------- the recall model
+
+
+@pytest.mark.parametrize("attention", ["softmax", "favor", "porf_softplus", "softmax_feat",
+                                       "elu", "none"])
+def test_recall_model_is_causal(attention):
+    torch.manual_seed(0)
+    cfg = RecallModelConfig(vocab_size=20, max_len=12, dim=16, heads=2, layers=2, mlp_dim=8,
+                            attention=attention, n_features=8, positions=True)
+    model = RecallModel(cfg, generator=0).double().eval()
+    ids = torch.randint(20, (2, 12))
+    out = model(ids)
+    assert out.shape == (2, 12, 20)
+    for t in range(11):
+        ids2 = ids.clone()
+        ids2[:, t + 1:] = torch.randint(20, (2, 11 - t))
+        assert torch.allclose(model(ids2)[:, :t + 1], out[:, :t + 1], atol=1e-10), t
+
+
+def test_recall_model_without_mixing_sees_only_its_token_and_the_previous_one():
+    torch.manual_seed(0)
+    cfg = RecallModelConfig(vocab_size=20, max_len=10, dim=16, heads=2, layers=2,
+                            attention="none")
+    model = RecallModel(cfg).double().eval()
+    ids = torch.randint(20, (1, 10))
+    out = model(ids)
+    ids2 = ids.clone()
+    ids2[0, 3] = (ids[0, 3] + 1) % 20
+    changed = (model(ids2) - out).abs().amax(-1)[0] > 1e-12
+    assert changed.tolist() == [t in (3, 4) for t in range(10)]
+
+
+# ---------------------------------------------------------------- token-pair data term
+
+
+def _pair_batch(gen, B=2, H=2, R=3, S=6, d=3, dtype=torch.float64):
+    q = 0.7 * torch.randn(B, H, R, d, generator=gen, dtype=dtype)
+    k = 0.7 * torch.randn(B, H, S, d, generator=gen, dtype=dtype)
+    pos = torch.tensor([2, 4, 5])  # query rows at these positions: causal keys s <= pos
+    valid = (torch.arange(S)[None, :] <= pos[:, None]).expand(B, R, S).clone()
+    valid[1, :, 0] = False  # a padded key
+    tgt = torch.zeros(B, R, S, dtype=dtype)
+    for b in range(B):
+        for r in range(R):
+            s = int(torch.randint(1, int(pos[r]) + 1, (1,), generator=gen))
+            tgt[b, r, s] = 1.0
+    return (q, k, valid), tgt
+
+
+@pytest.mark.parametrize("feature", [features.positive, features.softplus])
+@pytest.mark.parametrize("center", [True, False])
+def test_token_pair_alignment_matches_naive_twin_and_finite_differences(feature, center):
+    gen = torch.Generator().manual_seed(0)
+    batches = [_pair_batch(gen), _pair_batch(gen)]
+    omega = torch.randn(5, 3, generator=gen, dtype=torch.float64)
+    term = TokenPairAlignment(feature, center=center)
+    value, grad, info = term.value_and_grad(omega, batches)
+    w = omega.clone().requires_grad_(True)
+    naive = token_pair_alignment_naive(feature, w, batches, center=center)
+    (naive_grad,) = torch.autograd.grad(naive, w)
+    assert abs(float(value) + float(naive)) < 1e-12
+    assert abs(info["alignment"] - float(naive)) < 1e-12
+    assert torch.allclose(grad, -naive_grad, rtol=1e-9, atol=1e-12)
+    # central finite differences of the energy
+    h = 1e-6
+    fd = torch.zeros_like(omega)
+    for i in range(omega.shape[0]):
+        for j in range(omega.shape[1]):
+            e = torch.zeros_like(omega)
+            e[i, j] = h
+            fd[i, j] = (term.value_and_grad(omega + e, batches)[0]
+                        - term.value_and_grad(omega - e, batches)[0]) / (2 * h)
+    assert torch.allclose(grad, fd, rtol=1e-5, atol=1e-8)
+    # the value does not depend on how the data is batched
+    joined = [((torch.cat([b[0][0] for b in batches]), torch.cat([b[0][1] for b in batches]),
+                torch.cat([b[0][2] for b in batches])), torch.cat([b[1] for b in batches]))]
+    v2, g2, _ = term.value_and_grad(omega, joined)
+    assert abs(float(v2 - value)) < 1e-12 and torch.allclose(g2, grad, atol=1e-12)
+
+
+def test_token_pair_alignment_is_one_for_attention_on_the_target():
+    # a kernel that is (numerically) zero off the target: P = Y, so A = 1
+    q = torch.zeros(1, 1, 2, 2, dtype=torch.float64)
+    k = torch.zeros(1, 1, 3, 2, dtype=torch.float64)
+    q[0, 0, 0, 0] = q[0, 0, 1, 1] = 1.0
+    k[0, 0, 1, 0] = k[0, 0, 2, 1] = 1.0
+
+    def onehot(u, omega):  # "features" that are u itself: k(t, s) = q_t . k_s
+        return u + 1e-300
+
+    valid = torch.ones(1, 2, 3, dtype=torch.bool)
+    target = torch.zeros(1, 2, 3, dtype=torch.float64)
+    target[0, 0, 1] = target[0, 1, 2] = 1.0
+    stats = token_pair_stats(onehot, torch.zeros(2, 2), (q, k, valid), target)
+    assert abs(float(stats[0] / (stats[1] * stats[2]).sqrt()) - 1.0) < 1e-12
+    target2 = torch.zeros_like(target)
+    target2[0, 0, 0] = target2[0, 1, 0] = 1.0  # the wrong keys: negative alignment
+    stats = token_pair_stats(onehot, torch.zeros(2, 2), (q, k, valid), target2)
+    assert float(stats[0]) < 0
