@@ -41,14 +41,17 @@ def _mask(B, S, lengths):
 
 def _grads(out, inputs, seed=1):
     w = torch.randn(out.shape, generator=_gen(seed), dtype=out.dtype)
-    return torch.autograd.grad((out * w).sum(), inputs, retain_graph=True)
+    return torch.autograd.grad((out * w).sum(), inputs, retain_graph=True, allow_unused=True,
+                               materialize_grads=True)  # 'none' leaves q_proj, k_proj unused
 
 
 def _reference_forward(m: KernelAttention, x, mask):
     """The module's forward rebuilt from naive quadratic ops and the core feature maps."""
     q, k = m.queries(x), m.keys(x)
     v = m._split(m.v_proj(x))
-    if m.feature_map == "softmax":
+    if m.feature_map == "none":  # no token mixing: each position keeps its own value
+        o = v
+    elif m.feature_map == "softmax":
         o = AF.softmax_attention(q, k, v, mask)
     elif m.feature_map == "favor":
         o = AF.naive_favor_attention(q, k, v, m.omega, mask)
@@ -440,7 +443,7 @@ def test_module_large_norm_inputs_stay_finite_fp16_and_fp32():
 def test_module_bad_inputs():
     with pytest.raises(ValueError, match="divisible"):
         KernelAttention(10, 3)
-    with pytest.raises(ValueError, match="favor, porf_softplus"):
+    with pytest.raises(ValueError, match="valid: .*favor.*softmax"):
         KernelAttention(16, 2, "performer")
     with pytest.raises(ValueError, match="n_features"):
         KernelAttention(16, 2, n_features=0)
@@ -735,7 +738,8 @@ def test_order_is_picked_by_cost_and_overridable(monkeypatch):
         assert rel_err(out, AF.naive_favor_attention(q, k, v, omega)) < 1e-12
         return calls[-1]
 
-    # the cost rule: T S (M + e) <= ratio (T + S) M (e + 1)
+    # the cost rule: T S (M + e) <= ratio (T + S) M (e + 1) + overhead (here 0), one group
+    monkeypatch.setattr(FV, "LINEAR_OVERHEAD", 0.0)
     M, e, r = 16, 8, AF.QUADRATIC_COST_RATIO
     L_cross = 2 * r * M * (e + 1) / (M + e)  # T = S: quadratic up to this length
     short, long = int(L_cross) // 2, int(L_cross) * 2
@@ -746,6 +750,10 @@ def test_order_is_picked_by_cost_and_overridable(monkeypatch):
     monkeypatch.setattr(FV, "QUADRATIC_COST_RATIO", 1e-9)  # the measured constant moves it
     assert run(short) == "linear"
     assert AF.quadratic_is_cheaper(long, long, M, e, ratio=1e9)
+    assert AF.quadratic_is_cheaper(long, long, M, e, overhead=1e12)
+    # more groups: the fixed overhead of the linear order weighs less
+    assert not FV.quadratic_is_cheaper(64, 64, M, e, groups=1000, ratio=1.0, overhead=1e7)
+    assert FV.quadratic_is_cheaper(64, 64, M, e, groups=1, ratio=1.0, overhead=1e7)
     with pytest.raises(ValueError, match="order must be one of auto, quadratic, linear"):
         AF.favor_attention(*_qkv(), omega, order="fast")
 

@@ -3,6 +3,7 @@ its own module): FAVOR+ with the order picked by cost, linear attention from fea
 modes, the naive twins and exact softmax attention."""
 
 from .ops import (
+    LINEAR_OVERHEAD,
     QUADRATIC_COST_RATIO,
     causal_favor_attention,
     causal_linear_attention,
@@ -19,6 +20,7 @@ from .ops import (
 )
 
 __all__ = [
+    "LINEAR_OVERHEAD",
     "QUADRATIC_COST_RATIO",
     "causal_favor_attention",
     "causal_linear_attention",

@@ -14,6 +14,7 @@
 from .causal import causal_favor_attention, causal_linear_attention
 from .checks import check_key_mask
 from .favor import (
+    LINEAR_OVERHEAD,
     QUADRATIC_COST_RATIO,
     default_chunk_size,
     favor_attention,
@@ -25,6 +26,7 @@ from .reference import naive_favor_attention, naive_linear_attention, softmax_at
 from .workspace import clear_workspace
 
 __all__ = [
+    "LINEAR_OVERHEAD",
     "QUADRATIC_COST_RATIO",
     "causal_favor_attention",
     "causal_linear_attention",

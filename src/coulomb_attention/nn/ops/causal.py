@@ -124,7 +124,8 @@ def causal_favor_attention(
     _check_causal(q, k)
     chunk = _chunk_size(chunk_size, 128)
     dt = _compute_dtype(v)
-    quadratic = use_quadratic(order, q.shape[2], k.shape[2], omega.shape[1], v.shape[-1])
+    quadratic = use_quadratic(order, q.shape[2], k.shape[2], omega.shape[1], v.shape[-1],
+                              q.shape[0] * q.shape[1])
     with _no_autocast(v):
         om = omega.to(dt)
         if quadratic:

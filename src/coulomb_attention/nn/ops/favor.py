@@ -28,6 +28,7 @@ from .fused import _FavorFn
 from .quadratic import favor_attention_quadratic
 
 __all__ = [
+    "LINEAR_OVERHEAD",
     "QUADRATIC_COST_RATIO",
     "default_chunk_size",
     "favor_attention",
@@ -87,26 +88,35 @@ def favor_features(
         return torch.exp(logits - shift)
 
 
-# Measured crossover of the association orders (``bench attention --short``, 2 CPU threads,
-# torch 2.13): the quadratic order was the faster one while its extra work ``T S (M + e)``
-# stayed below about this many times the linear order's ``(T + S) M (e + 1)`` (see
-# docs/attention.md for the measurement).
-QUADRATIC_COST_RATIO = 4.0
+# Measured crossover of the association orders (2 CPU threads, torch 2.13, fwd+bwd, head dim
+# 32, M in {16, 64}, B in {1, 32}; docs/attention.md): per multiply-add the quadratic order's
+# big batched matmuls ran ~3x cheaper than the chunked linear order's work, which also pays a
+# fixed cost per call (~1 ms: its Python loop, shift bounds, small ops), worth about 1e7 of
+# the quadratic order's multiply-adds.
+QUADRATIC_COST_RATIO = 3.0
+LINEAR_OVERHEAD = 1e7
 ORDERS = ("auto", "quadratic", "linear")
 
 
-def quadratic_is_cheaper(T: int, S: int, n_features: int, e: int,
-                         ratio: float | None = None) -> bool:
+def quadratic_is_cheaper(T: int, S: int, n_features: int, e: int, groups: int = 1,
+                         ratio: float | None = None, overhead: float | None = None) -> bool:
     """Whether the quadratic order ``(phi(Q) phi(K)^T) V`` is the cheaper one.
 
-    Both orders compute the features, ``(T + S) M d``. Beyond that the quadratic order costs
-    ``T S (M + e)`` (kernel matrix and output) and the linear order ``(T + S) M (e + 1)``
-    (key-value state and output with normaliser) in chunked loops with more, smaller ops; the
-    quadratic order is chosen while ``T S (M + e) <= ratio (T + S) M (e + 1)``, ``ratio``
-    defaulting to the measured :data:`QUADRATIC_COST_RATIO`.
+    Both orders compute the features, ``(T + S) M d`` per head. Beyond that the quadratic order
+    costs ``T S (M + e)`` multiply-adds per head (kernel matrix and output) and the linear
+    order ``(T + S) M (e + 1)`` (key-value state and output with normaliser), in chunked
+    loops of smaller ops with a fixed cost per call. The quadratic order is chosen while
+
+        groups T S (M + e) <= ratio groups (T + S) M (e + 1) + overhead
+
+    with ``groups = B H`` and the measured defaults :data:`QUADRATIC_COST_RATIO`,
+    :data:`LINEAR_OVERHEAD`. For ``T = S = L`` and one group of ``M = 64``, ``e = 32`` this
+    is L <= ~1000 (overhead dominates); for B H = 384 groups it is L <= ~130.
     """
     ratio = QUADRATIC_COST_RATIO if ratio is None else ratio
-    return T * S * (n_features + e) <= ratio * (T + S) * n_features * (e + 1)
+    overhead = LINEAR_OVERHEAD if overhead is None else overhead
+    quad = groups * T * S * (n_features + e)
+    return quad <= ratio * groups * (T + S) * n_features * (e + 1) + overhead
 
 
 def _check_order(order: str) -> str:
@@ -115,11 +125,11 @@ def _check_order(order: str) -> str:
     return order
 
 
-def use_quadratic(order: str, T: int, S: int, n_features: int, e: int) -> bool:
+def use_quadratic(order: str, T: int, S: int, n_features: int, e: int, groups: int) -> bool:
     """``order`` resolved: ``"quadratic"``, ``"linear"``, or ``"auto"`` by
     :func:`quadratic_is_cheaper`."""
     if _check_order(order) == "auto":
-        return quadratic_is_cheaper(T, S, n_features, e)
+        return quadratic_is_cheaper(T, S, n_features, e, groups)
     return order == "quadratic"
 
 
@@ -181,7 +191,7 @@ def favor_attention(
     shared = omega.shape[0] == 1
     groups = B * H if shared else B
     chunk_size = _chunk_size(chunk_size, default_chunk_size(groups, M))
-    quadratic = use_quadratic(order, T, S, M, e)
+    quadratic = use_quadratic(order, T, S, M, e, B * H)
     with _no_autocast(v):
         qq, kk, vv, om = (t.to(dt) for t in (q, k, v, omega))
         if quadratic:

@@ -60,7 +60,9 @@ class _FavorQuadFn(torch.autograd.Function):
     has an underflowed normaliser (its keys are far below the per-feature max of the whole
     sequence); the caller then takes the causal chunked path. Non-causal rows never underflow.
 
-    Backward with ``P = A / den`` (B, H, T, S): ``dv = P^T g``; ``dA = (g v^T - g . out) / den``;
+    Forward keeps ``A = phi_q phi_k^T`` (B, H, T, S) unnormalised: ``out = (A v) / den``, the
+    non-causal ``den = phi_q . sum_s phi_k[s]`` (no pass over A). Backward, with
+    ``g' = g / den``: ``dv = A^T g'``; ``dA = g' v^T - g' . out`` (one batched matmul-add);
     ``dphi_q = dA phi_k``, ``dphi_k = dA^T phi_q``; through ``exp``: ``db = dphi_q phi_q``,
     ``da = dphi_k phi_k``; ``dq = db w``, ``dk = da w - k sum_m da``,
     ``dw = sum (db^T q + da^T k)``. The shifts are constants (they cancel in the ratio).
@@ -69,32 +71,37 @@ class _FavorQuadFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, w, key_mask, causal):
         phi_q, phi_k = _favor_features_quadratic(q, k, w, key_mask)
-        p = torch.matmul(phi_q, phi_k.transpose(-1, -2))  # (B, H, T, S)
+        a = torch.matmul(phi_q, phi_k.transpose(-1, -2))  # (B, H, T, S), kept unnormalised
         if causal:
-            p.tril_()
-        den = p.sum(-1, keepdim=True)  # (B, H, T, 1)
+            den = a.tril_().sum(-1, keepdim=True)  # (B, H, T, 1)
+        else:  # phi_q . sum_s phi_k[s]: no pass over the (T, S) matrix
+            den = torch.matmul(phi_q, phi_k.sum(-2).unsqueeze(-1))
         inv_den = torch.where(den > 0, den.reciprocal(), 0.0)  # a row without keys: output 0
         ok = torch.ones((), dtype=torch.bool)
         if causal:
             has_key = (torch.ones_like(den, dtype=torch.bool) if key_mask is None
                        else (key_mask.cumsum(-1) > 0)[:, None, :, None])
             ok = ((den >= _UNDERFLOW) | ~has_key).all()
-        p.mul_(inv_den)
-        out = torch.matmul(p, v)  # (B, H, T, e)
+        out = torch.matmul(a, v).mul_(inv_den)  # (B, H, T, e)
         ctx.mark_non_differentiable(ok)
-        ctx.save_for_backward(q, k, v, w, phi_q, phi_k, p, inv_den, out)
+        ctx.save_for_backward(q, k, v, w, phi_q, phi_k, a, inv_den, out)
         ctx.causal = causal
         return out, ok
 
     @staticmethod
     def backward(ctx, g, _g_ok):
-        q, k, v, w, phi_q, phi_k, p, inv_den, out = ctx.saved_tensors
+        q, k, v, w, phi_q, phi_k, a, inv_den, out = ctx.saved_tensors
         need_q, need_k, need_v, need_w = ctx.needs_input_grad[:4]
-        dv = torch.matmul(p.transpose(-1, -2), g) if need_v else None
+        B, H, T, S, e = *a.shape, v.shape[-1]
+        gs = g * inv_den  # (B, H, T, e): g / den
+        dv = torch.matmul(a.transpose(-1, -2), gs) if need_v else None
         dq = dk = dw = None
         if need_q or need_k or need_w:
-            da_mat = torch.matmul(g, v.transpose(-1, -2))  # dL/dP (B, H, T, S)
-            da_mat.sub_((g * out).sum(-1, keepdim=True)).mul_(inv_den)  # dL/dA
+            # dL/dA = (g v^T - g . out) / den in one batched matmul-add
+            rowdot = (gs * out).sum(-1, keepdim=True).reshape(B * H, T, 1)
+            da_mat = torch.baddbmm(rowdot, gs.reshape(B * H, T, e),
+                                   v.reshape(B * H, S, e).transpose(1, 2), beta=-1.0)
+            da_mat = da_mat.view(B, H, T, S)
             if ctx.causal:
                 da_mat.tril_()
             w0 = w[0] if w.shape[0] == 1 else w
