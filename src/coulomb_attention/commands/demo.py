@@ -26,7 +26,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from ..estimators import ImportanceFeatures, ParticleFeatures, RandomFeatures
-from ..train.checkpoint import atomic_write_text
+from ..results import atomic_write_text
 
 __all__ = ["add_arguments", "run", "make_demo_task"]
 
@@ -130,10 +130,9 @@ def run(args: argparse.Namespace) -> int:
 
 def plot(results_path: Path, png_path: Path) -> None:
     """Accuracy bars and particle traces, read from ``results.json`` only."""
-    import matplotlib
+    from ..reports import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     res = json.loads(Path(results_path).read_text())
     rows = res["results"]

@@ -57,7 +57,7 @@ from ..meanfield import (
     sample_density,
     w1_to_grid_density,
 )
-from ..train.checkpoint import atomic_write_text
+from ..results import append_jsonl, atomic_write_text
 
 __all__ = ["add_arguments", "run", "plot"]
 
@@ -218,11 +218,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"PDE: {len(trace) - 1} steps to t={times[-1]:g} in {pde_wall:.1f}s, "
           f"|mass-1| <= {mass_err:.1e}, F {f_vals[0]:.4f} -> {f_vals[-1]:.4f} "
           f"(max step increase {f_increase:.1e}); grid check {grid_check}", flush=True)
-    with open(out / "pde_trace.jsonl", "w") as fh:
-        for r in trace:
-            fh.write(json.dumps({k: r[k] for k in ("t", "dt", "mass", "free_energy",
-                                                   "potential", "interaction", "entropy")})
-                     + "\n")
+    atomic_write_text(out / "pde_trace.jsonl", "".join(
+        json.dumps({k: r[k] for k in ("t", "dt", "mass", "free_energy", "potential",
+                                      "interaction", "entropy")}) + "\n" for r in trace))
 
     rows: list[dict] = []
     for t in times:
@@ -273,9 +271,8 @@ def run(args: argparse.Namespace) -> int:
             last = rows[-1]
             print(f"N={n:5d} seed={seed} t={last['t']:.3g} distance={last['distance']:.4f} "
                   f"({wall:.1f}s)", flush=True)
-            with open(out / "runs.jsonl", "a") as fh:  # incremental: partial runs survive
-                for r in rows[written:]:
-                    fh.write(json.dumps({**r, "config": cfg}) + "\n")
+            for r in rows[written:]:  # incremental: partial runs survive
+                append_jsonl(out / "runs.jsonl", {**r, "config": cfg})
             written = len(rows)
 
     # ---- summary --------------------------------------------------------------------------
@@ -380,10 +377,9 @@ def _table(s: dict) -> str:
 def plot(out: str | Path) -> None:
     """Make ``densities.png``, ``free_energy.png`` and ``distance_vs_n.png`` from the files
     in ``out`` (``summary.json``, ``pde_trace.jsonl``, ``snapshots.npz``)."""
-    import matplotlib
+    from ..reports import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out = Path(out)
     s = json.loads((out / "summary.json").read_text())

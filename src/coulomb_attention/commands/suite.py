@@ -1,22 +1,28 @@
 """``coulomb-attention suite``: every attention x kernel variant over tasks and seeds.
 
 Each run writes ``RESULTS/<task>/<attention>-<kernel>/seed<S>/metrics.json``. The suite is
-resumable: a run whose ``metrics.json`` exists is skipped, a run with checkpoints continues
-from them. The vanilla and learned runs of one attention share the identical warm-up (it
-does not depend on the kernel), so the second one copies the first one's warm-up checkpoint.
+resumable: a run whose ``metrics.json`` holds the same configuration is skipped
+(:func:`coulomb_attention.results.is_done`; a changed configuration is refused with the keys
+that differ, or re-run with ``--rerun``), a run with checkpoints continues from them. The
+vanilla and learned runs of one attention share the identical warm-up (it does not depend on
+the kernel), so the second one copies the first one's warm-up checkpoint.
 ``RESULTS/suite.json`` lists every run with its status and wall time.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 
 from .._validation import check_choice
+from ..config import to_dict
 from ..data import DATASETS
-from ..train.checkpoint import atomic_write_json
-from .train import _setup, add_common_arguments, build_config, train_one
+from ..results import atomic_write_json, is_done
+from ..train.run import RESOLVED_KEYS, checkpoint_config
+from ..train.run import run as run_pipeline
+from .train import add_common_arguments, build_config, setup_runtime
 
 __all__ = ["VARIANTS", "add_arguments", "run", "run_dir", "run_suite"]
 
@@ -57,7 +63,7 @@ def run_suite(args: argparse.Namespace, log=print) -> list[dict]:
     except ValueError as exc:
         raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from exc
     variants = _parse_variants(args.variants)
-    runtime = _setup(args)
+    runtime = setup_runtime(args)
     results = Path(args.out)
     results.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
@@ -67,18 +73,21 @@ def run_suite(args: argparse.Namespace, log=print) -> list[dict]:
                 out = run_dir(results, task, attention, kernel, seed)
                 row = {"task": task, "attention": attention, "kernel": kernel, "seed": seed,
                        "dir": str(out.relative_to(results))}
-                if (out / "metrics.json").is_file():
-                    row["status"] = "skipped (metrics.json exists)"
-                    log(f"skip {row['dir']}: metrics.json exists")
-                    rows.append(row)
-                    continue
                 config = build_config(args, {"task": task, "attention": attention,
                                              "kernel": kernel, "seed": seed})
+                if is_done(out, to_dict(config), on_mismatch="rerun" if args.rerun else "raise",
+                           ignore=RESOLVED_KEYS, normalize=checkpoint_config):
+                    row["status"] = "skipped (done, same config)"
+                    log(f"skip {row['dir']}: done with the same configuration")
+                    rows.append(row)
+                    continue
                 sibling = run_dir(results, task, attention,
                                   "vanilla" if kernel == "learned" else "learned", seed)
                 t0 = time.perf_counter()
-                train_one(config, out, data_dir=args.data_dir, resume=True, runtime=runtime,
-                          warmup_from=sibling if sibling.exists() else None, log=log)
+                if args.rerun and (out / "ckpt").exists():
+                    shutil.rmtree(out / "ckpt")  # checkpoints of the old configuration
+                run_pipeline(config, out, runtime, data_dir=args.data_dir, resume=True,
+                             warmup_from=sibling if sibling.exists() else None, log=log)
                 row.update(status="done", wall_s=time.perf_counter() - t0)
                 rows.append(row)
                 atomic_write_json(results / "suite.json", {"runs": rows})
@@ -94,6 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated ATTENTION-KERNEL names (default: all 8: "
                              + ", ".join(f"{a}-{k}" for a, k in VARIANTS) + ")")
     parser.add_argument("--out", default="runs/suite", help="results directory")
+    parser.add_argument("--rerun", action="store_true",
+                        help="re-run finished runs whose stored configuration differs "
+                             "(default: refuse with the differing keys)")
     add_common_arguments(parser)
 
 

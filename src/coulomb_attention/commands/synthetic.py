@@ -33,8 +33,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -44,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import load_overrides, override, to_dict
-from ..train.checkpoint import atomic_write_text
+from ..results import append_jsonl, atomic_write_text, read_jsonl
 from .synthetic_tasks import TASKS, make_task
 
 __all__ = [
@@ -58,7 +56,6 @@ __all__ = [
     "run_grid",
     "run_one",
     "grid",
-    "load_results",
     "summarize",
     "evaluate_claims",
 ]
@@ -328,40 +325,6 @@ def run_one(cfg: SyntheticConfig, spec: RunSpec) -> dict:
 # ----------------------------------------------------------------------------- result file
 
 
-def load_results(path: Path, repair: bool = False) -> list[dict]:
-    """Rows of a JSON-lines file; a truncated last line (interrupted write) is skipped and,
-    with ``repair=True``, cut from the file so later appends start on a fresh line."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    raw = path.read_bytes()
-    complete = raw[: raw.rfind(b"\n") + 1]  # everything up to the last newline
-    if len(complete) < len(raw):
-        print(f"warning: ignoring a truncated last line in {path}", file=sys.stderr)
-        if repair:
-            with open(path, "r+b") as fh:
-                fh.truncate(len(complete))
-    rows = []
-    for line in complete.split(b"\n"):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                print(f"warning: skipping a malformed line in {path}", file=sys.stderr)
-    return rows
-
-
-def append_row(path: Path, row: dict) -> None:
-    """Append one JSON line with a single write, flushed and fsync'ed (no half lines)."""
-    data = (json.dumps(row, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _init_worker(threads: int) -> None:
     import torch
 
@@ -389,7 +352,7 @@ def run_grid(
     h = config_hash(cfg)
     if path.exists() and path.stat().st_size > 0 and not resume:
         raise ValueError(f"{path} exists; pass --resume to continue it or choose another --out")
-    existing = load_results(path, repair=True)
+    existing = read_jsonl(path, repair=True)
     done = {r["key"] for r in existing if r.get("config_hash") == h}
     todo = [s for s in grid(cfg) if s.key not in done]
     n_total = len(grid(cfg))
@@ -400,7 +363,7 @@ def run_grid(
 
     def report(row: dict) -> None:
         nonlocal finished
-        append_row(path, row)
+        append_jsonl(path, row)
         finished += 1
         if progress and (finished % 25 == 0 or finished == len(todo)):
             el = time.perf_counter() - t0
@@ -418,7 +381,7 @@ def run_grid(
             futures = [pool.submit(run_one, cfg, s) for s in todo]
             for fut in as_completed(futures):
                 report(fut.result())
-    rows = [r for r in load_results(path) if r.get("config_hash") == h]
+    rows = [r for r in read_jsonl(path) if r.get("config_hash") == h]
     wanted = {s.key for s in grid(cfg)}
     return [r for r in rows if r["key"] in wanted]
 
@@ -764,10 +727,9 @@ def particle_diagnostic(cfg: SyntheticConfig, out: Path, seed: int = 0) -> Path:
 
 
 def _plt():
-    import matplotlib
+    from ..reports import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     return plt
 
@@ -978,7 +940,7 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--report-only needs {path}")
         wanted = {s.key for s in grid(cfg)}
         h = config_hash(cfg)
-        rows = [r for r in load_results(path) if r.get("config_hash") == h and r["key"] in wanted]
+        rows = [r for r in read_jsonl(path) if r.get("config_hash") == h and r["key"] in wanted]
         if not rows:
             raise ValueError(f"no rows of this configuration in {path}")
         print(f"{len(rows)} of {len(wanted)} runs of the grid found in {path}")

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -22,6 +21,7 @@ from tokenizers import decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
 from .._validation import check_positive
+from ..results import atomic_write_text
 from .wordpiece import train_wordpiece
 
 __all__ = ["HF_TRAINER", "SPECIAL_TOKENS", "TRAINER", "Tokenizer", "build_tokenizer",
@@ -77,31 +77,6 @@ def _bert_pipeline(tok: _HFTokenizer, lowercase: bool, cls_id: int, sep_id: int)
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
     tok.decoder = decoders.WordPiece(prefix="##")
-
-
-def _atomic_write_text(path: pathlib.Path, text: str, exclusive: bool = False) -> bool:
-    """Write ``text`` to ``path`` atomically (temp file + rename). With ``exclusive``, never
-    replace an existing file (first writer wins) and return False if one was already there."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        if not exclusive:
-            os.replace(tmp, path)
-            return True
-        try:
-            os.link(tmp, path)  # atomic and fails if path exists
-        except FileExistsError:
-            return False
-        except OSError:  # file system without hard links
-            if path.exists():
-                return False
-            os.replace(tmp, path)
-        return True
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 class Tokenizer:
@@ -183,7 +158,7 @@ class Tokenizer:
     def save(self, path: str | os.PathLike) -> pathlib.Path:
         """Write the tokenizer as JSON (atomically, replacing ``path``) and return the path."""
         path = pathlib.Path(path)
-        _atomic_write_text(path, self._to_json())
+        atomic_write_text(path, self._to_json())
         return path
 
     def _to_json(self) -> str:
@@ -377,7 +352,7 @@ def build_tokenizer(
     _bert_pipeline(hf, lowercase, vocab["[CLS]"], vocab["[SEP]"])
     meta = {**settings, "fingerprint": fingerprint, "n_texts": len(items), "trainer": TRAINER}
     tok = Tokenizer(hf, meta)
-    if path is not None and not _atomic_write_text(path, tok._to_json(), exclusive=True):
+    if path is not None and not atomic_write_text(path, tok._to_json(), exclusive=True):
         # another process cached the same texts meanwhile: use its file, so that every user of
         # the cache sees the same vocabulary
         return build_tokenizer(

@@ -14,7 +14,6 @@ Each checkpoint directory is written under a temporary name and renamed into pla
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -25,53 +24,23 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..results import _check_finite_json, atomic_write_json, atomic_write_text
+
 __all__ = [
     "atomic_write_json",
     "atomic_write_text",
     "latest_checkpoint",
     "load_checkpoint",
+    "load_phase_a_partial",
     "load_model_file",
     "optimizer_from_flat",
     "optimizer_to_flat",
     "save_checkpoint",
     "save_model_file",
+    "save_phase_a_partial",
 ]
 
 LATEST = "latest.json"
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory + ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _check_finite_json(obj: Any, where: str = "") -> None:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        raise FloatingPointError(f"refusing to write a non-finite value at {where or 'top'}: {obj}")
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            _check_finite_json(v, f"{where}.{k}" if where else str(k))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            _check_finite_json(v, f"{where}[{i}]")
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Atomically write ``obj`` as indented JSON; NaN/inf raise ``FloatingPointError``."""
-    _check_finite_json(obj)
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 def _contiguous(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -202,3 +171,39 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tens
     meta = _read_json(path / "state.json")
     tensors = _load_safetensors(path / "state.safetensors")
     return meta, tensors
+
+
+# ------------------------------------------------------------------ phase A, per layer
+
+
+def save_phase_a_partial(a_dir: str | os.PathLike, model: torch.nn.Module, next_layer: int,
+                         records: list, generator_state: torch.Tensor, time_s: float) -> None:
+    """Phase-A checkpoint after a layer: ``a_dir/layer-NNN/`` then the pointer ``partial.json``.
+
+    The pointer is written last (atomically), so a kill at any point leaves either the
+    previous complete checkpoint or this one.
+    """
+    d = Path(a_dir) / f"layer-{next_layer:03d}"
+    d.mkdir(parents=True, exist_ok=True)
+    save_model_file(d / "model.safetensors.tmp", model)
+    (d / "model.safetensors.tmp").replace(d / "model.safetensors")
+    save_file({"generator": generator_state.contiguous()}, str(d / "generator.safetensors.tmp"))
+    (d / "generator.safetensors.tmp").replace(d / "generator.safetensors")
+    atomic_write_json(Path(a_dir) / "partial.json", {"dir": d.name, "next_layer": next_layer,
+                                                     "records": records, "time_s": time_s})
+
+
+def load_phase_a_partial(a_dir: str | os.PathLike, model: torch.nn.Module) -> dict[str, Any] | None:
+    """The last per-layer phase-A checkpoint (model loaded in place), or None."""
+    pointer = Path(a_dir) / "partial.json"
+    if not pointer.is_file():
+        return None
+    try:
+        meta = json.loads(pointer.read_text())
+        d = Path(a_dir) / meta["dir"]
+        load_model_file(d / "model.safetensors", model)
+        state = load_file(str(d / "generator.safetensors"))["generator"]
+    except (json.JSONDecodeError, KeyError, TypeError, SafetensorError) as exc:
+        raise ValueError(f"{pointer}: corrupt phase-A checkpoint ({exc})") from exc
+    return {"next_layer": int(meta["next_layer"]), "records": meta["records"],
+            "generator_state": state, "time_s": float(meta["time_s"])}

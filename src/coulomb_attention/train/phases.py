@@ -43,7 +43,8 @@ from ..energy import (
 from .capture import layer_inputs
 from .loop import EncodedDataset, collate
 
-__all__ = ["AlignConfig", "align_features", "collect_queries", "sequence_features"]
+__all__ = ["AlignConfig", "align_features", "collect_queries", "probe_init_head",
+           "sequence_features"]
 
 
 @dataclass(frozen=True)
@@ -287,3 +288,32 @@ def align_features(
         if on_layer_done is not None:
             on_layer_done(li + 1, records, generator.get_state())
     return records
+
+
+@torch.no_grad()
+def probe_init_head(model: nn.Module, dataset: EncodedDataset, batch_size: int) -> float:
+    """Linear probing before fine-tuning (LP-FT): fit the head by L2-regularised logistic
+    regression (sklearn, lbfgs, C=1) on the pooled features of ``dataset`` in eval mode.
+
+    Returns the probe's training accuracy. Only ``model.head`` changes.
+    """
+    from sklearn.linear_model import LogisticRegression
+
+    was_training = model.training
+    model.eval()
+    feats = []
+    for start in range(0, len(dataset), batch_size):
+        ids = dataset.input_ids[start:start + batch_size]
+        mask = dataset.attention_mask[start:start + batch_size]
+        feats.append(model.pool(model.encode(ids, mask), mask).double())
+    x = torch.cat(feats).numpy()
+    y = dataset.labels.numpy()
+    clf = LogisticRegression(C=1.0, max_iter=2000).fit(x, y)
+    coef = torch.as_tensor(clf.coef_)
+    bias = torch.as_tensor(clf.intercept_)
+    if coef.shape[0] == 1:  # binary: logit difference w.x + b -> two symmetric rows
+        coef, bias = torch.cat([-coef / 2, coef / 2]), torch.cat([-bias / 2, bias / 2])
+    model.head.weight.copy_(coef.to(model.head.weight))
+    model.head.bias.copy_(bias.to(model.head.bias))
+    model.train(was_training)
+    return float(clf.score(x, y))
