@@ -1,11 +1,11 @@
-"""Issue 2 check: learned particles (64) vs fixed random features on synthetic tasks.
+"""Learned particles (64) vs fixed random features on hidden-direction synthetic tasks.
 
 Must-show: on a standard synthetic task with noise dimensions, ParticleFeatures(64) +
 LogisticRegression beats sklearn's RBFSampler(256) + LogisticRegression in test accuracy.
 
-    python experiments/issue2_check.py                 # must-show task, 5 seeds
-    python experiments/issue2_check.py --family        # the tuning family of tasks (defaults)
-    python experiments/issue2_check.py --family --set lam=0.0 --set n_steps=300
+    python experiments/particles_vs_random_features.py            # must-show task, 5 seeds
+    python experiments/particles_vs_random_features.py --family   # tuning family (defaults)
+    python experiments/particles_vs_random_features.py --family --set lam=0.0 --set n_steps=300
 
 Every estimator runs with its defaults (``--set`` overrides ParticleFeatures parameters);
 inputs are standardized on the training split; the logistic regression is sklearn's default
@@ -27,54 +27,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from coulomb_attention.commands.synthetic_tasks import make_hidden_task as make_task
 from coulomb_attention.estimators import ImportanceFeatures, ParticleFeatures, RandomFeatures
-
-KINDS = ("linear", "xor", "checker", "radial", "sine", "multiclass")
-
-
-def make_task(kind: str, n: int, d: int, k: int, noise: float, seed: int):
-    """Synthetic binary/multi-class task: ``k`` informative dims hidden by a random rotation
-    of the first ``k`` coordinates, ``d - k`` pure-noise dims, label noise ``noise``.
-
-    linear: anisotropic linear-ish (decaying weights + a mild quadratic term);
-    xor: sign(z0 z1); checker: 3x3 checkerboard on z0, z1; radial: |z|^2 above its median
-    (concentric spheres); sine: sign(sin(3 z . u)) along a random direction u;
-    multiclass: 3 angular sectors of (z0, z1).
-    """
-    rng = np.random.default_rng(seed)
-    z = rng.standard_normal((n, d))
-    zi = z[:, :k]
-    if kind == "linear":
-        w = 2.0 ** -np.arange(k)
-        f = zi @ w + 0.3 * (zi[:, 0] ** 2 - 1)
-        y = (f > 0).astype(int)
-    elif kind == "xor":
-        y = (zi[:, 0] * zi[:, 1] > 0).astype(int)
-    elif kind == "checker":
-        y = ((np.floor(zi[:, 0] / 0.8) + np.floor(zi[:, 1] / 0.8)) % 2).astype(int)
-    elif kind == "radial":
-        r2 = (zi**2).sum(1)
-        y = (r2 > np.median(r2)).astype(int)
-    elif kind == "sine":
-        u = rng.standard_normal(k)
-        u /= np.linalg.norm(u)
-        y = (np.sin(3.0 * zi @ u) > 0).astype(int)
-    elif kind == "multiclass":
-        ang = np.arctan2(zi[:, 1], zi[:, 0])
-        y = np.digitize(ang, [-np.pi / 3, np.pi / 3]).astype(int)
-    else:
-        raise ValueError(f"unknown task kind {kind!r}; valid: {', '.join(KINDS)}")
-    flip = rng.random(n) < noise
-    n_cls = int(y.max()) + 1
-    y = np.where(flip, (y + rng.integers(1, n_cls, n)) % n_cls, y)
-    # hide the informative coordinates: rotate them among themselves, scale features unevenly
-    q, _ = np.linalg.qr(rng.standard_normal((k, k)))
-    X = z.copy()
-    X[:, :k] = zi @ q
-    X = X * rng.uniform(0.5, 2.0, d)  # unequal raw scales (the pipeline standardizes)
-    perm = rng.permutation(d)
-    return X[:, perm], y
-
 
 # (kind, n, d, k, noise): the tuning family
 FAMILY = [
