@@ -20,13 +20,19 @@ from .riesz import (
     row_block,
     sharded_riesz_energy_and_grad,
 )
+from .teacher import TeacherAttention, TeacherBatch, naive_teacher_value, teacher_rows
 from .terms import Comm, DataTerm, LabelAlignment, LinearPotential
+from .token_pair import TokenPairAlignment as TokenPairAlignment
 
 __all__ = [
     "Comm",
     "DataTerm",
     "LabelAlignment",
     "LinearPotential",
+    "TeacherAttention",
+    "TeacherBatch",
+    "naive_teacher_value",
+    "teacher_rows",
     "row_block",
     "sharded_riesz_energy_and_grad",
     "POTENTIALS",

@@ -284,35 +284,6 @@ class TransformerClassifier(nn.Module):
         return self.head(self.pool(h, attention_mask))
 
 
-def bert_key_map(n_layers: int, prefix: str = "bert.") -> dict[str, str]:
-    """Map BERT/MiniLM state-dict names to :class:`TransformerClassifier` names.
-
-    Use with ``post_norm=True``, ``type_vocab_size=2``, ``layer_norm_eps=1e-12`` and
-    ``pooling`` of choice. The classifier head is not mapped (it is task specific).
-    Keys are given for ``.weight``; ``.bias`` maps the same way.
-    """
-    pairs = {
-        "embeddings.word_embeddings": "embeddings.word_embeddings",
-        "embeddings.position_embeddings": "embeddings.position_embeddings",
-        "embeddings.token_type_embeddings": "embeddings.token_type_embeddings",
-        "embeddings.LayerNorm": "embeddings.norm",
-    }
-    for i in range(n_layers):
-        src, dst = f"encoder.layer.{i}.", f"blocks.{i}."
-        pairs.update({
-            src + "attention.self.query": dst + "attn.q_proj",
-            src + "attention.self.key": dst + "attn.k_proj",
-            src + "attention.self.value": dst + "attn.v_proj",
-            src + "attention.output.dense": dst + "attn.out_proj",
-            src + "attention.output.LayerNorm": dst + "attn_norm",
-            src + "intermediate.dense": dst + "mlp.fc1",
-            src + "output.dense": dst + "mlp.fc2",
-            src + "output.LayerNorm": dst + "mlp_norm",
-        })
-    out = {}
-    for s, d in pairs.items():
-        for leaf in ("weight", "bias"):
-            if s.endswith("_embeddings") and leaf == "bias":
-                continue
-            out[f"{prefix}{s}.{leaf}"] = f"{d}.{leaf}"
-    return out
+# The BERT key map lives with the rest of the checkpoint code (nn/bert.py); re-exported here
+# for existing imports. Imported last: nn/bert.py needs this module's ModelConfig.
+from .bert import bert_key_map  # noqa: E402

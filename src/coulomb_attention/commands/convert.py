@@ -1,0 +1,149 @@
+"""``coulomb-attention convert``: distil a pretrained encoder's attention into particles.
+
+One conversion (default)::
+
+    coulomb-attention convert --encoder minilm --feature-map favor --n-features 64 --seed 0 \\
+        --data-dir ../shared/data --out runs/convert/favor64
+
+writes ``OUT/checkpoint/`` (``nn.pretrained.load_pretrained_encoder(OUT/checkpoint)``),
+``OUT/records.jsonl``, ``OUT/result.json``, ``OUT/report.md`` and plots; an interrupted run
+resumes at its last finished layer. ``--grid M [M ...]`` runs the comparison over M, seeds and
+variants into ``OUT/grid/`` (finished runs reused) and writes ``OUT/grid.md``; ``--speed``
+times the converted encoder against the softmax one (``OUT/speed.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from ..convert import VARIANTS, ConvertConfig, convert_encoder, speed_table
+from ..train.distill import DistillConfig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d, c = DistillConfig(), ConvertConfig()
+    p.add_argument("--encoder", default=c.encoder, help="minilm or a BERT checkpoint directory")
+    p.add_argument("--feature-map", default=c.feature_map,
+                   help="favor, softmax_feat or porf_softplus")
+    p.add_argument("--n-features", type=int, default=c.n_features, help="particles per head")
+    p.add_argument("--seed", type=int, default=c.seed)
+    p.add_argument("--variant", default=c.variant, choices=VARIANTS)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--sentences", default=None,
+                   help="text file, one sentence per line (default: training text of --tasks)")
+    p.add_argument("--tasks", nargs="+", default=list(c.tasks))
+    p.add_argument("--max-length", type=int, default=c.max_length)
+    p.add_argument("--n-sentences", type=int, default=d.n_examples,
+                   help="sentences distilled on")
+    p.add_argument("--holdout", type=int, default=d.holdout)
+    p.add_argument("--steps", type=int, default=d.steps, help="steps per layer and head")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--rows", type=int, default=d.rows_per_sequence,
+                   help="query rows per sequence (0: all)")
+    p.add_argument("--eta", type=float, default=d.eta)
+    p.add_argument("--eta-end", type=float, default=d.eta_end)
+    p.add_argument("--beta", type=float, default=d.beta, help="0: infinity")
+    p.add_argument("--lam", type=float, default=d.lam, help="Riesz repulsion strength")
+    p.add_argument("--output-weight", type=float, default=d.output_weight)
+    p.add_argument("--lr", type=float, default=d.lr, help="Adam lr of the hedgehog baseline")
+    p.add_argument("--eval-sentences", type=int, default=c.eval_sentences)
+    p.add_argument("--probe-tasks", nargs="*", default=list(c.probe_tasks))
+    p.add_argument("--probe-train", type=int, default=c.probe_train)
+    p.add_argument("--probe-eval", type=int, default=c.probe_eval)
+    p.add_argument("--no-eval", action="store_true", help="skip fidelity and probes")
+    p.add_argument("--grid", type=int, nargs="+", default=None, metavar="M",
+                   help="comparison over these M (with --seeds, --variants, --lams)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--variants", nargs="+", default=["vanilla", "particles", "hedgehog"],
+                   choices=VARIANTS)
+    p.add_argument("--lams", type=float, nargs="+", default=[0.0, 0.1],
+                   help="repulsion strengths of the particles variant in the grid")
+    p.add_argument("--speed", action="store_true", help="time forward passes (speed.json)")
+    p.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512])
+    p.add_argument("--layer-lengths", type=int, nargs="+",
+                   default=[512, 1024, 2048, 4096, 8192])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+
+
+def config_from_args(args: argparse.Namespace) -> ConvertConfig:
+    distill = DistillConfig(n_examples=args.n_sentences, holdout=args.holdout, steps=args.steps,
+                            batch_size=args.batch_size, rows_per_sequence=args.rows,
+                            eta=args.eta, eta_end=args.eta_end, beta=args.beta, lam=args.lam,
+                            output_weight=args.output_weight, lr=args.lr)
+    return ConvertConfig(encoder=args.encoder, feature_map=args.feature_map,
+                         n_features=args.n_features, seed=args.seed, variant=args.variant,
+                         distill=distill, tasks=tuple(args.tasks),
+                         sentences_file=args.sentences, max_length=args.max_length,
+                         eval_sentences=args.eval_sentences,
+                         probe_tasks=tuple(args.probe_tasks), probe_train=args.probe_train,
+                         probe_eval=args.probe_eval)
+
+
+def _grid(base: ConvertConfig, args, out: Path) -> None:
+    from ..reports.convert import write_grid_report
+
+    runs = [("softmax", dataclasses.replace(base, variant="softmax"))]
+    for m in args.grid:
+        for seed in args.seeds:
+            for variant in args.variants:
+                cfg = dataclasses.replace(base, n_features=m, seed=seed, variant=variant)
+                if variant == "particles":
+                    for lam in args.lams:
+                        runs.append((f"particles-lam{lam:g}-M{m}-s{seed}", dataclasses.replace(
+                            cfg, distill=dataclasses.replace(base.distill, lam=lam))))
+                elif variant != "softmax":
+                    runs.append((f"{variant}-M{m}-s{seed}", cfg))
+    results = []
+    for name, cfg in runs:
+        run_dir = out / "grid" / name
+        if (run_dir / "result.json").is_file():
+            res = json.loads((run_dir / "result.json").read_text())
+        else:
+            print(f"[grid] {name}", flush=True)
+            res = convert_encoder(cfg, run_dir, data_dir=args.data_dir, progress=args.progress)
+        fid = res["fidelity"]
+        print(f"[grid] {name}: cos {fid['cos_mean']:.4f} (p5 {fid['cos_p5']:.4f}), Spearman "
+              f"{fid['spearman']:.4f}, distil {res['distill_s']:.0f} s", flush=True)
+        results.append(res)
+        with open(out / "grid.jsonl", "w", encoding="utf-8") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    print(f"wrote {write_grid_report(out)}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..reports.convert import write_convert_report
+
+    torch.set_num_threads(max(1, args.threads))
+    cfg = config_from_args(args)
+    out = Path(args.out)
+    if args.grid:
+        _grid(cfg, args, out)
+    elif not args.speed or not (out / "result.json").is_file():
+        res = convert_encoder(cfg, out, data_dir=args.data_dir, progress=args.progress,
+                              evaluate=not args.no_eval)
+        if "fidelity" in res:
+            fid = res["fidelity"]
+            print(f"embedding cosine mean {fid['cos_mean']:.4f}, p5 {fid['cos_p5']:.4f}; "
+                  f"Spearman {fid['spearman']:.4f}; distillation {res['distill_s']:.0f} s")
+        print(f"wrote {write_convert_report(out)}")
+    if args.speed:
+        from ..nn.pretrained import load_pretrained_encoder
+
+        ckpt = out / "checkpoint"
+        model = (load_pretrained_encoder(ckpt) if ckpt.is_dir() else load_pretrained_encoder(
+            cfg.encoder, cfg.feature_map, cfg.n_features, share_features=False))
+        teacher = load_pretrained_encoder(cfg.encoder, "softmax")
+        rows = speed_table(model, teacher, args.lengths, args.layer_lengths)
+        (out / "speed.json").write_text(json.dumps(rows, indent=2))
+        for r in rows:
+            print(f"{r['what']} L={r['length']}: converted {r['converted_ms']:.1f} ms, "
+                  f"softmax {r['softmax_ms']:.1f} ms")
+    return 0

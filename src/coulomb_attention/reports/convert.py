@@ -1,0 +1,185 @@
+"""Report of a conversion (``coulomb-attention convert``): report.md and plots, from files only.
+
+Reads ``result.json`` / ``records.jsonl`` of one conversion directory, and optionally a grid's
+``grid.jsonl`` (one result per line) and ``speed.json``; writes ``report.md``, ``kl.png``
+(row KL per layer and head, before/after), ``mse.png`` (output MSE) and, for a grid,
+``grid.md`` and ``grid.png``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from . import pyplot
+
+__all__ = ["grid_table", "read_jsonl", "write_convert_report", "write_grid_report"]
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+
+
+def _f(x, fmt=".4f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _plot_records(records, key: str, title: str, path: Path) -> None:
+    plt = pyplot()
+    layers = sorted({r["layer"] for r in records})
+    fig, axes = plt.subplots(1, len(layers), figsize=(2.6 * len(layers), 2.8), sharey=True,
+                             squeeze=False)
+    for ax, li in zip(axes[0], layers, strict=True):
+        rs = [r for r in records if r["layer"] == li]
+        heads = [r["heads"][0] for r in rs]
+        before = [r[f"holdout_{key}_before"] or r[f"{key}_before"] for r in rs]
+        after = [r[f"holdout_{key}_after"] or r[f"{key}_after"] for r in rs]
+        ax.bar([h - 0.2 for h in heads], before, width=0.4, label="fresh", color="0.6")
+        ax.bar([h + 0.2 for h in heads], after, width=0.4, label="distilled", color="C0")
+        ax.set_yscale("log")
+        ax.set_title(f"layer {li}")
+        ax.set_xlabel("head")
+    axes[0][0].set_ylabel(title)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_convert_report(directory: str | Path) -> Path:
+    """``report.md`` (+ ``kl.png``, ``mse.png``) of one conversion directory."""
+    d = Path(directory)
+    res = json.loads((d / "result.json").read_text(encoding="utf-8"))
+    records = read_jsonl(d / "records.jsonl")
+    cfg = res["config"]
+    lines = [f"# Conversion of `{cfg['encoder']}` to {cfg['feature_map']} "
+             f"(M={cfg['n_features']} per head, variant {cfg['variant']}, seed {cfg['seed']})",
+             "", f"Distilled on {res['n_sentences']} sentences; distillation "
+             f"{res['distill_s']:.0f} s, total {res['total_s']:.0f} s.", ""]
+    if records:
+        lines += ["## Row KL / output MSE per layer (mean over heads; held-out sentences)", "",
+                  "| layer | KL before | KL after | MSE before | MSE after | time s |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for li in sorted({r["layer"] for r in records}):
+            rs = [r for r in records if r["layer"] == li]
+
+            def mean(k, rs=rs):
+                vals = [r[k] for r in rs if r.get(k) is not None]
+                return sum(vals) / len(vals) if vals else None
+
+            pre = "holdout_" if rs[0].get("holdout_kl_before") is not None else ""
+            lines.append(f"| {li} | {_f(mean(pre + 'kl_before'))} | {_f(mean(pre + 'kl_after'))}"
+                         f" | {_f(mean(pre + 'mse_before'), '.3g')} | "
+                         f"{_f(mean(pre + 'mse_after'), '.3g')} | {rs[0]['time_s']:.0f} |")
+        lines += ["", "![row KL](kl.png)", "", "![output MSE](mse.png)", ""]
+        _plot_records(records, "kl", "row KL to softmax", d / "kl.png")
+        if all(r.get("mse_before") is not None for r in records):
+            _plot_records(records, "mse", "output MSE", d / "mse.png")
+    if "fidelity" in res:
+        fid = res["fidelity"]
+        lines += ["## Fidelity (no labels)", "",
+                  f"{fid['n']} held-out sentences: embedding cosine to the teacher mean "
+                  f"{fid['cos_mean']:.4f}, 5th percentile {fid['cos_p5']:.4f}, min "
+                  f"{fid['cos_min']:.4f}; Spearman of pairwise cosines {fid['spearman']:.4f}.",
+                  ""]
+    if "probe" in res:
+        lines += ["## Logistic-regression probe on frozen embeddings", "",
+                  "| task | n train | n eval | accuracy | ECE | log-loss |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for task, m in res["probe"].items():
+            lines.append(f"| {task} | {m['n_train']} | {m['n_eval']} | {m['accuracy']:.4f} | "
+                         f"{m['ece']:.4f} | {m['log_loss']:.4f} |")
+        lines.append("")
+    out = d / "report.md"
+    out.write_text("\n".join(lines), encoding="utf-8")
+    return out
+
+
+def grid_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Aggregate grid results (mean and spread over seeds) per (variant label, M)."""
+    import numpy as np
+
+    teacher = next((r for r in rows if r["config"]["variant"] == "softmax"), None)
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        c = r["config"]
+        label = c["variant"]
+        if c["variant"] == "particles":
+            label = f"particles lam={c['distill']['lam']:g}"
+        m = 0 if c["variant"] == "softmax" else c["n_features"]
+        groups.setdefault((label, m), []).append(r)
+    out = []
+    for (label, m), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        def stat(get, rs=rs):
+            v = np.array([get(r) for r in rs], dtype=float)
+            return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+        row = {"variant": label, "M": m, "seeds": len(rs),
+               "cos_mean": stat(lambda r: r["fidelity"]["cos_mean"]),
+               "cos_p5": stat(lambda r: r["fidelity"]["cos_p5"]),
+               "spearman": stat(lambda r: r["fidelity"]["spearman"]),
+               "time_s": stat(lambda r: r["distill_s"])}
+        for task in rs[0].get("probe", {}):
+            row[f"{task}_acc"] = stat(lambda r, t=task: r["probe"][t]["accuracy"])
+            row[f"{task}_ece"] = stat(lambda r, t=task: r["probe"][t]["ece"])
+            if teacher is not None and task in teacher.get("probe", {}):
+                row[f"{task}_share"] = row[f"{task}_acc"][0] / teacher["probe"][task]["accuracy"]
+        out.append(row)
+    return out
+
+
+def write_grid_report(directory: str | Path) -> Path:
+    """``grid.md`` and ``grid.png`` from ``grid.jsonl`` (and ``speed.json`` if present)."""
+    d = Path(directory)
+    rows = read_jsonl(d / "grid.jsonl")
+    if not rows:
+        raise ValueError(f"{d}: no grid.jsonl results")
+    table = grid_table(rows)
+    tasks = [k[:-4] for k in table[0] if k.endswith("_acc")]
+
+    def pm(v, fmt=".4f"):
+        return f"{v[0]:{fmt}}" + (f" ± {v[1]:{fmt}}" if v[1] else "")
+
+    head = "| variant | M | seeds | cos mean | cos p5 | Spearman | " + " | ".join(
+        f"{t} acc (share) | {t} ECE" for t in tasks) + " | distil s |"
+    lines = ["# Conversion grid", "", "Mean ± standard deviation over seeds.", "", head,
+             "|" + "---|" * (6 + 2 * len(tasks) + 1)]
+    for r in table:
+        cells = [r["variant"], str(r["M"] or "-"), str(r["seeds"]), pm(r["cos_mean"]),
+                 pm(r["cos_p5"]), pm(r["spearman"])]
+        for t in tasks:
+            share = r.get(f"{t}_share")
+            cells.append(pm(r[f"{t}_acc"]) + (f" ({share:.3f})" if share is not None else ""))
+            cells.append(pm(r[f"{t}_ece"]))
+        cells.append(f"{r['time_s'][0]:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    speed = d / "speed.json"
+    if speed.is_file():
+        rows_s = json.loads(speed.read_text())
+        lines += ["", "## Forward time (ms per sequence, batch 1, 1 thread)", "",
+                  "| what | L | converted ms | softmax ms | ratio |", "|---|---:|---:|---:|---:|"]
+        for s in rows_s:
+            lines.append(f"| {s['what']} | {s['length']} | {s['converted_ms']:.1f} | "
+                         f"{s['softmax_ms']:.1f} | {s['converted_ms'] / s['softmax_ms']:.2f} |")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for label in sorted({r["variant"] for r in table if r["M"]}):
+        rs = sorted((r for r in table if r["variant"] == label), key=lambda r: r["M"])
+        ax.errorbar([r["M"] for r in rs], [r["cos_mean"][0] for r in rs],
+                    yerr=[r["cos_mean"][1] for r in rs], marker="o", label=label, capsize=3)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("features per head M")
+    ax.set_ylabel("mean embedding cosine to teacher")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(d / "grid.png", dpi=110)
+    plt.close(fig)
+    lines += ["", "![cosine vs M](grid.png)", ""]
+    out = d / "grid.md"
+    out.write_text("\n".join(lines), encoding="utf-8")
+    return out

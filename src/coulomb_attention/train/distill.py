@@ -1,0 +1,418 @@
+"""Attention distillation: learn a pretrained encoder's particles from its own softmax attention.
+
+In a pretrained encoder the queries and keys are fixed, so the kernel is everything. Layers are
+converted in order; for layer ``l`` the inputs ``h`` are computed with the already-converted
+layers ``< l`` (:func:`coulomb_attention.train.capture.layer_inputs`), the teacher row of a
+query is the layer's own softmax row ``softmax_s(q_t . k_s)`` on those inputs, and the
+particles of each head group follow the one projected-Langevin driver
+(:func:`coulomb_attention.dynamics.learn_particles`) on
+
+    H(Omega) = D_teacher(Omega) + lam W_{N,s}(Omega)
+
+with ``D_teacher`` the mean row KL (+ optional output MSE) of
+:class:`coulomb_attention.energy.TeacherAttention`. Only ``omega`` changes (the method); every
+projection stays as pretrained.
+
+Scalings (see docs/convert.md): queries/keys are scaled by ``d_head**-0.25`` as in
+:class:`~coulomb_attention.nn.KernelAttention`; the data term is a *mean* over sampled query
+rows (of all sequences and heads of the group), so it is O(1) whatever the number of rows;
+the driver's drift is ``eta * N * grad`` and with ``normalize_drift=True`` (default) its
+per-particle RMS is ``eta`` in the particles' units (scale-free); the ball radius is
+``radius * sqrt(d_head)``; ``beta`` (default 1e6, 0 = infinity) sets the Langevin noise
+``sqrt(2 eta / beta)``.
+
+The baseline ``method="hedgehog"`` (Zhang et al. 2024, "The Hedgehog & the Porcupine"): a
+learned linear map inside the exponential, ``phi(x) = [softmax(W x), softmax(-W x)]`` with
+``W`` of shape ``(M/2, d_head)`` (so ``M`` features), trained with Adam on the same loss and the
+same batches; stored in ``omega`` as ``[W; -W]``.
+
+:func:`align_to_softmax` (the earlier Pearson-alignment phase) is kept as a thin option over
+:func:`distill_attention` for existing callers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._validation import check_choice, check_nonnegative, check_positive
+from ..dynamics import LangevinSchedule, cycle, learn_particles, make_projection
+from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, make_potential
+from ..nn.attention import AttentionFeature
+from .capture import layer_inputs
+
+__all__ = [
+    "METHODS",
+    "DistillConfig",
+    "align_to_softmax",
+    "capture_teacher_batches",
+    "distill_attention",
+    "hedgehog_features",
+    "use_hedgehog_map_",
+]
+
+METHODS = ("langevin", "hedgehog")
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Hyper-parameters of attention distillation (one run over all layers).
+
+    Attributes
+    ----------
+    n_examples : int        sequences the particles are fitted on (no labels)
+    holdout : int           further sequences, only to measure the row KL / output MSE
+    batch_size : int        sequences per step (one cached mini-batch)
+    rows_per_sequence : int query rows sampled per sequence (0: every real row)
+    steps : int             steps per layer and head group
+    method : str            ``langevin`` (the method) or ``hedgehog`` (baseline, Adam)
+    eta, eta_end : float    Langevin step size, cosine schedule eta -> eta_end
+    beta : float            inverse temperature (0: infinity, projected gradient descent)
+    lam : float             Riesz repulsion strength (0: none)
+    potential : str         riesz, coulomb or log
+    s, eps : float          Riesz exponent and softening
+    radius : float          ball radius in units of sqrt(head_dim)
+    max_drift : float       cap on one particle's drift per step (0: none)
+    normalize_drift : bool  scale-free steps (running RMS of the drift)
+    output_weight : float   weight of the output MSE in the data term (0: row KL only)
+    lr : float              Adam learning rate of the ``hedgehog`` baseline
+    dtype : str             float64 (default) or float32 for the data term
+    layers : tuple or None  layer indices to convert (None: all with particles)
+    """
+
+    n_examples: int = 1024
+    holdout: int = 256
+    batch_size: int = 64
+    rows_per_sequence: int = 16
+    steps: int = 150
+    method: str = "langevin"
+    eta: float = 0.05
+    eta_end: float = 0.005
+    beta: float = 1e6
+    lam: float = 0.0
+    potential: str = "riesz"
+    s: float = 1.0
+    eps: float = 0.1
+    radius: float = 3.0
+    max_drift: float = 0.0
+    normalize_drift: bool = True
+    output_weight: float = 0.0
+    lr: float = 0.02
+    dtype: str = "float64"
+    layers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("n_examples", "batch_size", "steps"):
+            check_positive(name, getattr(self, name), integer=True)
+        for name in ("holdout", "rows_per_sequence"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        check_choice("method", self.method, METHODS)
+        check_choice("potential", self.potential, POTENTIALS)
+        check_choice("dtype", self.dtype, DTYPES)
+        for name in ("eta", "eta_end", "radius", "eps", "lr"):
+            check_positive(name, getattr(self, name))
+        for name in ("beta", "lam", "max_drift", "s", "output_weight"):
+            check_nonnegative(name, getattr(self, name))
+        if self.layers is not None:
+            layers = tuple(self.layers)
+            if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers):
+                raise ValueError(f"layers must be non-negative layer indices, got {self.layers!r}")
+            object.__setattr__(self, "layers", layers)
+
+    def schedule(self) -> LangevinSchedule:
+        return LangevinSchedule(steps=self.steps, eta=self.eta, eta_end=self.eta_end,
+                                eta_schedule="cosine", beta=self.beta,
+                                max_drift=self.max_drift or None)
+
+
+# ---------------------------------------------------------------------------- caching
+
+
+def capture_teacher_batches(
+    model: nn.Module,
+    layer_index: int,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    batch_size: int = 64,
+    rows_per_sequence: int = 16,
+    generator: torch.Generator | None = None,
+    with_values: bool = True,
+) -> list[TeacherBatch]:
+    """Scaled queries (sampled rows), keys and values of one attention layer, all heads.
+
+    The inputs of the layer come from :func:`~coulomb_attention.train.capture.layer_inputs`
+    (the model as it is now: earlier layers already converted). ``rows_per_sequence`` real query
+    positions are drawn per sequence without replacement (0: all real rows).
+
+    Returns
+    -------
+    list of :class:`~coulomb_attention.energy.TeacherBatch` (float32; ``q`` (B, H, R, dh),
+    ``k``/``v`` (B, H, S, dh), trimmed to the longest real sequence of each batch)
+    """
+    layer = model.attention_layers[layer_index]
+    device = next(model.parameters()).device
+    chunks = []
+    for start in range(0, input_ids.shape[0], batch_size):
+        mask = attention_mask[start:start + batch_size].bool()
+        t = max(int(mask.sum(1).max()), 1)
+        chunks.append((input_ids[start:start + batch_size, :t], mask[:, :t]))
+    out = []
+    for (h, _), (_, mask) in zip(layer_inputs(model, layer_index, chunks, device), chunks,
+                                 strict=True):
+        with torch.no_grad():
+            q, k = layer.queries(h), layer.keys(h)  # (B, H, T, dh)
+            v = None
+            if with_values:
+                B, T, _ = h.shape
+                v = layer.v_proj(h).view(B, T, layer.heads, layer.head_dim).transpose(1, 2)
+        mask = mask.to("cpu")
+        r = mask.shape[1] if rows_per_sequence == 0 else min(rows_per_sequence, mask.shape[1])
+        noise = torch.rand(mask.shape, generator=generator, dtype=torch.float64)
+        order = torch.argsort(noise + 2.0 * (~mask), dim=1)[:, :r]  # (B, R): real rows first
+        row_mask = torch.gather(mask, 1, order)
+        q = q.float().cpu()
+        idx = order[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1])
+        out.append(TeacherBatch(torch.gather(q, 2, idx), k.float().cpu(), mask, row_mask,
+                                None if v is None else v.float().cpu()))
+    return out
+
+
+# ---------------------------------------------------------------------------- hedgehog
+
+
+def hedgehog_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """Hedgehog feature map ``[softmax(u A^T), softmax(u B^T)]`` with ``omega = [A; B]``
+    (M, d), ``M`` even (the baseline ties ``B = -A``). ``u (..., d) -> (..., M)``, float32 or
+    float64."""
+    if omega.shape[0] % 2:
+        raise ValueError(f"the hedgehog map needs an even number of features, got "
+                         f"{omega.shape[0]}")
+    dtype = torch.float64 if torch.float64 in (u.dtype, omega.dtype) else torch.float32
+    u, omega = u.to(dtype), omega.to(dtype)
+    half = omega.shape[0] // 2
+    return torch.cat([torch.softmax(u @ omega[:half].T, -1),
+                      torch.softmax(u @ omega[half:].T, -1)], -1)
+
+
+HEDGEHOG = AttentionFeature("hedgehog", hedgehog_features, "orthogonal",
+                            "learned map inside the exponential (Hedgehog baseline)")
+
+
+def use_hedgehog_map_(layer) -> None:
+    """Switch a :class:`KernelAttention` with particles to the Hedgehog map (omega ``[W; -W]``
+    from the first half of its current omega). The layer then computes linear attention with
+    :func:`hedgehog_features` (a baseline; not saved by ``save_pretrained_encoder``)."""
+    if not layer.has_features or layer.n_features % 2:
+        raise ValueError("the hedgehog baseline needs a layer with an even number of particles")
+    half = layer.n_features // 2
+    w = layer.omega[:, :half]
+    layer.spec = HEDGEHOG
+    layer.feature_map = "hedgehog"
+    layer.load_features_(torch.cat([w, -w], 1))
+
+
+def _fit_hedgehog(term, omega0, batches, config, generator):
+    """Adam on ``W`` (omega = [W; -W]) for ``config.steps`` steps, one batch per step."""
+    half = omega0.shape[0] // 2
+    w = omega0[:half].clone().requires_grad_(True)
+    opt = torch.optim.Adam([w], lr=config.lr)
+    order = torch.randperm(len(batches), generator=generator).tolist()
+    stream = cycle(batches, order)
+    trace = []
+    for _ in range(config.steps):
+        omega = torch.cat([w.detach(), -w.detach()])
+        value, grad, info = term.value_and_grad(omega, [next(stream)])
+        opt.zero_grad()
+        w.grad = grad[:half] - grad[half:]
+        opt.step()
+        trace.append({"energy": float(value), **info})
+    wd = w.detach()
+    return torch.cat([wd, -wd]), trace
+
+
+# ---------------------------------------------------------------------------- distillation
+
+
+def _evaluate(term, omega, batches, comm):
+    if not batches:
+        return {"kl": None, "mse": None}
+    r = term.evaluate(omega, batches, comm)
+    return {"kl": r["kl"], "mse": r["mse"]}
+
+
+def distill_attention(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    config: DistillConfig,
+    *,
+    generator: torch.Generator,
+    progress: bool = False,
+    comm=None,
+    on_layer_done: Callable[[int, list[dict], torch.Tensor], None] | None = None,
+    resume: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Convert the model's attention layers in place, in order, by attention distillation.
+
+    Parameters
+    ----------
+    model : module with ``attention_layers`` (:class:`KernelAttention` with particles) and
+        ``model(ids, mask)``; only the ``omega`` buffers change
+    input_ids, attention_mask : (n, T) unlabelled sequences; ``n_examples`` + ``holdout`` are
+        drawn (a random permutation from ``generator``, drawn first, so a resumed run with a
+        same-seeded generator uses the same sequences)
+    config : DistillConfig
+    generator : torch.Generator
+        Draws the split, the query rows, the batch order and the Langevin noise.
+    progress : show a progress bar per head group and print one line per layer
+    comm : optional :class:`~coulomb_attention.energy.Comm` (exact data parallelism: each
+        rank passes its own sequences; statistics and gradients are all-reduced)
+    on_layer_done : ``on_layer_done(next_layer, records, generator_state)`` after each layer
+        (a checkpoint hook: save the model's omega, the records and the state)
+    resume : ``{"next_layer", "records", "generator_state"}`` from ``on_layer_done``: continue
+        with layer ``next_layer`` (the model must already hold the converted earlier layers)
+
+    Returns
+    -------
+    list of dict, one per (layer, head group): ``layer``, ``heads`` ([start, stop)),
+    ``method``, ``kl_before``/``kl_after`` and ``mse_before``/``mse_after`` (fit sequences),
+    ``holdout_kl_before``/``..._after``, ``holdout_mse_before``/``..._after`` (held-out; None
+    without holdout), ``energy_first``/``energy_last``, ``omega_shift``
+    (``|omega - omega0| / |omega0|``), ``n_fit``, ``n_holdout``, ``steps``, ``time_s``.
+    """
+    if not isinstance(config, DistillConfig):
+        raise TypeError(f"config must be a DistillConfig, got {type(config).__name__}")
+    layers = list(getattr(model, "attention_layers", []))
+    if not any(layer.has_features for layer in layers):
+        raise ValueError("the model has no attention layer with particles to distil "
+                         "(load it with attention='favor', 'softmax_feat', ...)")
+    if input_ids.ndim != 2 or input_ids.shape != attention_mask.shape:
+        raise ValueError(f"input_ids and attention_mask must have the same shape (n, T), got "
+                         f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
+    n = input_ids.shape[0]
+    if n == 0:
+        raise ValueError("no sequences to distil on (input_ids is empty)")
+    if config.layers is not None and max(config.layers) >= len(layers):
+        raise ValueError(f"layers {config.layers} out of range for {len(layers)} layers")
+    n_fit = min(config.n_examples, n)
+    n_hold = min(config.holdout, n - n_fit)
+    perm = torch.randperm(n, generator=generator)
+    fit_idx, hold_idx = perm[:n_fit], perm[n_fit:n_fit + n_hold]
+    records: list[dict[str, Any]] = []
+    start = 0
+    if resume is not None:
+        start = int(resume["next_layer"])
+        records = [dict(r) for r in resume["records"]]
+        generator.set_state(resume["generator_state"])
+    dtype = DTYPES[config.dtype]
+    for li in range(start, len(layers)):
+        layer = layers[li]
+        if not layer.has_features or (config.layers is not None and li not in config.layers):
+            if on_layer_done is not None:
+                on_layer_done(li + 1, records, generator.get_state())
+            continue
+        t0 = time.perf_counter()
+        if config.method == "hedgehog":
+            use_hedgehog_map_(layer)
+        kw = dict(batch_size=config.batch_size, rows_per_sequence=config.rows_per_sequence,
+                  generator=generator)
+        fit_b = capture_teacher_batches(model, li, input_ids[fit_idx],
+                                        attention_mask[fit_idx], **kw)
+        hold_b = (capture_teacher_batches(model, li, input_ids[hold_idx],
+                                          attention_mask[hold_idx], **kw) if n_hold else [])
+        omega_all = layer.omega.detach().to("cpu", dtype).clone()  # (G, M, dh)
+        groups, _, dh = omega_all.shape
+        per = layer.heads // groups
+        new_omega = omega_all.clone()
+        term = TeacherAttention(layer.feature, output_weight=config.output_weight, dtype=dtype)
+        potential = (make_potential(config.potential, s=config.s, eps=config.eps, dim=dh)
+                     if config.lam > 0 else None)
+        layer_records = []
+        for g in range(groups):
+            heads = slice(g * per, (g + 1) * per)
+            fb = [b.heads(heads) for b in fit_b]
+            hb = [b.heads(heads) for b in hold_b]
+            omega0 = omega_all[g]
+            before, hold_before = _evaluate(term, omega0, fb, comm), _evaluate(term, omega0, hb,
+                                                                               comm)
+            if config.method == "langevin":
+                order = torch.randperm(len(fb), generator=generator).tolist()
+                run = learn_particles(
+                    Hamiltonian(term, potential, lam=config.lam), omega0, config.schedule(),
+                    cycle(fb, order), projection=make_projection("ball",
+                                                                 config.radius * math.sqrt(dh)),
+                    generator=generator, comm=comm, normalize_drift=config.normalize_drift,
+                    progress=f"layer {li} heads {heads.start}:{heads.stop}" if progress
+                    else False)
+                omega, trace = run.omega, run.trace
+            else:
+                omega, trace = _fit_hedgehog(term, omega0, fb, config, generator)
+            after, hold_after = _evaluate(term, omega, fb, comm), _evaluate(term, omega, hb, comm)
+            new_omega[g] = omega
+            layer_records.append({
+                "layer": li, "heads": [heads.start, heads.stop], "method": config.method,
+                "kl_before": before["kl"], "kl_after": after["kl"],
+                "mse_before": before["mse"], "mse_after": after["mse"],
+                "holdout_kl_before": hold_before["kl"], "holdout_kl_after": hold_after["kl"],
+                "holdout_mse_before": hold_before["mse"], "holdout_mse_after": hold_after["mse"],
+                "energy_first": trace[0]["energy"], "energy_last": trace[-1]["energy"],
+                "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
+                "n_fit": n_fit, "n_holdout": n_hold, "steps": config.steps,
+            })
+        layer.load_features_(new_omega.to(layer.omega.dtype))
+        elapsed = time.perf_counter() - t0
+        for r in layer_records:
+            r["time_s"] = elapsed
+        records.extend(layer_records)
+        if progress:
+            kb = sum(r["kl_before"] for r in layer_records) / len(layer_records)
+            ka = sum(r["kl_after"] for r in layer_records) / len(layer_records)
+            msg = f"  distil layer {li}: row KL {kb:.4f} -> {ka:.4f}"
+            if n_hold:
+                hb_ = sum(r["holdout_kl_before"] for r in layer_records) / len(layer_records)
+                ha_ = sum(r["holdout_kl_after"] for r in layer_records) / len(layer_records)
+                msg += f" (held-out {hb_:.4f} -> {ha_:.4f})"
+            print(msg + f", {elapsed:.0f} s", flush=True)
+        if on_layer_done is not None:
+            on_layer_done(li + 1, records, generator.get_state())
+    return records
+
+
+def align_to_softmax(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    config,
+    *,
+    generator: torch.Generator,
+    rows_per_sequence: int = 8,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """The earlier softmax-alignment phase, now attention distillation with the same budget.
+
+    ``config`` is a :class:`coulomb_attention.train.phases.AlignConfig` (``n_examples``,
+    ``holdout``, ``batch_size``, ``steps``, ``eta``/``eta_end``, ``beta``, ``lam``,
+    ``potential``, ``s``, ``eps``, ``radius``, ``max_drift``); the particles are learned by
+    :func:`distill_attention`. Each record also holds ``train_before``/``train_after`` and
+    ``holdout_before``/``holdout_after``: the row KL to the softmax teacher (lower is better).
+    """
+    fields = {f.name for f in dataclasses.fields(DistillConfig)}
+    cfg = DistillConfig(**{k: v for k, v in dataclasses.asdict(config).items() if k in fields},
+                        rows_per_sequence=rows_per_sequence)
+    records = distill_attention(model, input_ids, attention_mask, cfg, generator=generator,
+                                progress=progress)
+    for r in records:
+        r.update(objective="teacher", train_before=r["kl_before"], train_after=r["kl_after"],
+                 holdout_before=r["holdout_kl_before"], holdout_after=r["holdout_kl_after"])
+    return records

@@ -1,0 +1,236 @@
+"""Converting a pretrained encoder by attention distillation (train.distill, convert,
+commands.convert, nn.pretrained save/load) on tiny random BERT checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from coulomb_attention.convert import ConvertConfig, convert_encoder, embedding_fidelity
+from coulomb_attention.energy import TeacherAttention
+from coulomb_attention.nn.pretrained import (
+    load_pretrained_encoder,
+    load_pretrained_tokenizer,
+    save_pretrained_encoder,
+)
+from coulomb_attention.train.distill import (
+    DistillConfig,
+    capture_teacher_batches,
+    distill_attention,
+    hedgehog_features,
+)
+from test_pretrained import TINY, WORDS, _tiny_state
+
+SENTENCES = ["the movie was good", "a bad film , not fun", "great", "it is not good",
+             "the film was a great fun", "bad , bad movie", "it was fun", "not a film",
+             "good good fun", "the bad movie is not great", "a film", "it is the movie"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-bert-convert")
+    (path / "config.json").write_text(json.dumps(TINY))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    vocab += [f"tok{i}" for i in range(TINY["vocab_size"] - len(vocab))]
+    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    # larger q/k weights than the loader tests: attention far from uniform, so it is learnable
+    state = _tiny_state(TINY, torch.Generator().manual_seed(0))
+    for k in state:
+        if "query.weight" in k or "key.weight" in k:
+            state[k] = state[k] * 4
+    torch.save(state, path / "pytorch_model.bin")
+    return path
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_dir):
+    return load_pretrained_tokenizer(tiny_dir).encode_batch(SENTENCES, max_length=16)
+
+
+def _cfg(**kw):
+    base = dict(n_examples=9, holdout=3, batch_size=3, rows_per_sequence=0, steps=30,
+                eta=0.1, eta_end=0.02, beta=0)
+    return DistillConfig(**{**base, **kw})
+
+
+def _student(tiny_dir, m=8, feature="favor"):
+    return load_pretrained_encoder(tiny_dir, feature, m, share_features=False, generator=0)
+
+
+def test_distillation_lowers_row_kl_per_head_and_changes_only_omega(tiny_dir, batch):
+    ids, mask = batch
+    model = _student(tiny_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    records = distill_attention(model, ids, mask, _cfg(), generator=torch.Generator()
+                                .manual_seed(0))
+    assert [(r["layer"], r["heads"]) for r in records] == [(0, [0, 1]), (0, [1, 2]),
+                                                           (1, [0, 1]), (1, [1, 2])]
+    for r in records:
+        assert r["kl_after"] < 0.7 * r["kl_before"], r
+        assert r["holdout_kl_after"] < r["holdout_kl_before"], r
+        assert r["mse_after"] is not None and r["time_s"] > 0
+    after = model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"blocks.0.attn.omega", "blocks.1.attn.omega"}
+    om = model.attention_layers[0].omega
+    assert not torch.equal(om[0], om[1])  # particles per head
+    # the record's KL is the data term evaluated on the converted layer's cached rows
+    layer = model.attention_layers[1]
+    perm = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    cached = capture_teacher_batches(model, 1, ids[perm[9:]], mask[perm[9:]], rows_per_sequence=0)
+    kl = TeacherAttention(layer.feature).evaluate(layer.omega[0].double(),
+                                                  [b.heads(slice(0, 1)) for b in cached])["kl"]
+    assert kl == pytest.approx(records[2]["holdout_kl_after"], rel=0.5)
+
+
+def test_lam_and_output_mse_and_hedgehog_run(tiny_dir, batch):
+    ids, mask = batch
+    rec = distill_attention(_student(tiny_dir), ids, mask, _cfg(lam=0.5, output_weight=1.0,
+                                                                beta=1e6, steps=10),
+                            generator=torch.Generator().manual_seed(0))
+    assert all(r["kl_after"] < r["kl_before"] for r in rec)
+    model = _student(tiny_dir)
+    hh = distill_attention(model, ids, mask, _cfg(method="hedgehog", lr=0.05),
+                           generator=torch.Generator().manual_seed(0))
+    assert all(r["kl_after"] < r["kl_before"] for r in hh)
+    layer = model.attention_layers[0]
+    assert layer.feature_map == "hedgehog"
+    om = layer.omega[0]
+    assert torch.equal(om[:4], -om[4:])  # tied [W; -W]
+    u = torch.randn(5, layer.head_dim)
+    phi = hedgehog_features(u, om)
+    assert torch.allclose(phi.sum(-1), torch.full((5,), 2.0))
+    with torch.no_grad():
+        assert bool(torch.isfinite(model.sentence_embedding(ids, mask)).all())
+
+
+def test_resume_after_a_layer_equals_one_run(tiny_dir, batch):
+    ids, mask = batch
+    full = _student(tiny_dir)
+    rec_full = distill_attention(full, ids, mask, _cfg(steps=8, beta=1e4),
+                                 generator=torch.Generator().manual_seed(3))
+    saved = {}
+
+    class Interrupt(Exception):
+        pass
+
+    def hook(next_layer, records, state):
+        saved.update(next_layer=next_layer, records=json.loads(json.dumps(records)),
+                     generator_state=state.clone(),
+                     omega=[la.omega.clone() for la in part.attention_layers])
+        raise Interrupt
+
+    part = _student(tiny_dir)
+    with pytest.raises(Interrupt):
+        distill_attention(part, ids, mask, _cfg(steps=8, beta=1e4),
+                          generator=torch.Generator().manual_seed(3), on_layer_done=hook)
+    fresh = _student(tiny_dir)  # a new process: reload the converted layer 0
+    fresh.attention_layers[0].load_features_(saved.pop("omega")[0])
+    rec = distill_attention(fresh, ids, mask, _cfg(steps=8, beta=1e4),
+                            generator=torch.Generator().manual_seed(3), resume=saved)
+    for a, b in zip(full.attention_layers, fresh.attention_layers, strict=True):
+        assert torch.equal(a.omega, b.omega)
+    assert [r["kl_after"] for r in rec] == [r["kl_after"] for r in rec_full]
+
+
+def test_converted_checkpoint_round_trip(tiny_dir, batch, tmp_path):
+    ids, mask = batch
+    model = _student(tiny_dir, m=6)
+    distill_attention(model, ids, mask, _cfg(steps=3), generator=torch.Generator().manual_seed(0))
+    save_pretrained_encoder(model, tmp_path / "ckpt", extra={"note": "test"})
+    assert {p.name for p in (tmp_path / "ckpt").iterdir()} >= {"config.json", "vocab.txt",
+                                                                "model.safetensors"}
+    back = load_pretrained_encoder(tmp_path / "ckpt")
+    assert back.config.attention == "favor" and back.config.n_features == 6
+    assert not back.config.share_features
+    own, other = model.state_dict(), back.state_dict()
+    assert all(torch.equal(own[k], other[k]) for k in own if not k.startswith("head."))
+    with torch.no_grad():
+        assert torch.equal(model.sentence_embedding(ids, mask), back.sentence_embedding(ids, mask))
+    with pytest.raises(ValueError, match="n_features"):
+        load_pretrained_encoder(tmp_path / "ckpt", n_features=8)
+    # another kernel on the same weights: fresh particles; softmax: the teacher again
+    soft = load_pretrained_encoder(tmp_path / "ckpt", "softmax")
+    ref = load_pretrained_encoder(tiny_dir, "softmax")
+    with torch.no_grad():
+        assert torch.equal(soft.encode(ids, mask), ref.encode(ids, mask))
+
+
+def test_embedding_fidelity_math():
+    gen = torch.Generator().manual_seed(0)
+    t = torch.nn.functional.normalize(torch.randn(30, 5, generator=gen), dim=1)
+    same = embedding_fidelity(t, t)
+    assert same["cos_mean"] == pytest.approx(1.0) and same["spearman"] == pytest.approx(1.0)
+    # a rotation keeps every pairwise cosine (Spearman 1) but not the per-sentence cosine
+    q, _ = torch.linalg.qr(torch.randn(5, 5, generator=gen))
+    rot = embedding_fidelity(t, t @ q)
+    assert rot["spearman"] == pytest.approx(1.0) and rot["cos_mean"] < 0.9
+    noise = embedding_fidelity(t, torch.randn(30, 5, generator=gen))
+    assert abs(noise["spearman"]) < 0.3 and noise["cos_p5"] <= noise["cos_mean"]
+
+
+def test_config_validation_names_the_field():
+    for kw, name in [({"steps": 0}, "steps"), ({"method": "adam"}, "method"),
+                     ({"lam": -1.0}, "lam"), ({"rows_per_sequence": -1}, "rows_per_sequence"),
+                     ({"dtype": "half"}, "dtype")]:
+        with pytest.raises(ValueError, match=name):
+            DistillConfig(**kw)
+    with pytest.raises(ValueError, match="feature_map"):
+        ConvertConfig(feature_map="softmax")
+
+
+def test_convert_run_resumes_and_cli_errors(tiny_dir, tmp_path, capsys):
+    from coulomb_attention.cli import main
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    cfg = ConvertConfig(encoder=str(tiny_dir), n_features=8, sentences_file=str(sent),
+                        distill=_cfg(steps=4), max_length=16, eval_sentences=10,
+                        probe_tasks=("sst2",), probe_train=40, probe_eval=30)
+    out = tmp_path / "run"
+    # an interrupted run: layer 0 finished, its state on disk
+    import coulomb_attention.convert as conv
+
+    calls = []
+    orig = conv._save_progress
+
+    def save_then_stop(state_dir, model, next_layer, records, gen_state):
+        orig(state_dir, model, next_layer, records, gen_state)
+        calls.append(next_layer)
+        raise KeyboardInterrupt
+
+    conv._save_progress = save_then_stop
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            convert_encoder(cfg, out, log=lambda *_: None)
+    finally:
+        conv._save_progress = orig
+    assert calls == [1] and (out / "state" / "progress.json").is_file()
+    res = convert_encoder(cfg, out, log=lambda *_: None)
+    ref = convert_encoder(cfg, tmp_path / "ref", log=lambda *_: None)
+    assert res["fidelity"] == ref["fidelity"] and not (out / "state").exists()
+    assert res["probe"]["sst2"]["n_eval"] == 30 and 0 <= res["fidelity"]["cos_p5"] <= 1
+    back = load_pretrained_encoder(out / "checkpoint")
+    assert back.config.n_features == 8
+    # the CLI: one run writes the report and plots
+    rc = main(["convert", "--encoder", str(tiny_dir), "--n-features", "4", "--sentences",
+               str(sent), "--n-sentences", "9", "--holdout", "3", "--steps", "2",
+               "--batch-size", "3", "--max-length", "16", "--eval-sentences", "8",
+               "--probe-tasks", "--out", str(tmp_path / "cli"), "--no-progress"])
+    assert rc == 0
+    assert (tmp_path / "cli" / "report.md").is_file() and (tmp_path / "cli" / "kl.png").is_file()
+    # bad input: one line, exit 2
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    bad_arch = tmp_path / "relu"
+    bad_arch.mkdir()
+    (bad_arch / "config.json").write_text(json.dumps(dict(TINY, hidden_act="relu")))
+    for argv, msg in [(["--encoder", "nosuchmodel"], "neither a known encoder"),
+                      (["--encoder", str(tiny_dir), "--sentences", str(empty)], "no sentences"),
+                      (["--encoder", str(bad_arch)], "hidden_act")]:
+        capsys.readouterr()
+        rc = main(["convert", *argv, "--out", str(tmp_path / "bad"), "--no-progress"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and msg in err and "\n" not in err, err
