@@ -234,3 +234,22 @@ def test_convert_run_resumes_and_cli_errors(tiny_dir, tmp_path, capsys):
         rc = main(["convert", *argv, "--out", str(tmp_path / "bad"), "--no-progress"])
         err = capsys.readouterr().err.strip()
         assert rc == 2 and msg in err and "\n" not in err, err
+
+
+def test_hf_bert_model_kernelized_in_place_equals_own_loader(tiny_dir, batch, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from coulomb_attention.nn.hf import kernelize_bert_
+
+    ids, mask = batch
+    model = _student(tiny_dir, m=6)
+    distill_attention(model, ids, mask, _cfg(steps=3), generator=torch.Generator().manual_seed(0))
+    save_pretrained_encoder(model, tmp_path / "ckpt")
+    hf = transformers.BertModel.from_pretrained(str(tmp_path / "ckpt"), local_files_only=True,
+                                                add_pooling_layer=False).eval()
+    with torch.no_grad():
+        soft = hf(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+        kernelize_bert_(hf, load_pretrained_encoder(tmp_path / "ckpt"))
+        ours = model.encode(ids, mask)
+        theirs = hf(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+    assert float((theirs - ours)[mask].abs().max()) < 1e-4
+    assert float((soft - ours)[mask].abs().max()) > 1e-3  # the kernel did change

@@ -94,8 +94,8 @@ class DistillConfig:
     rows_per_sequence: int = 16
     steps: int = 150
     method: str = "langevin"
-    eta: float = 0.05
-    eta_end: float = 0.005
+    eta: float = 0.3
+    eta_end: float = 0.03
     beta: float = 1e6
     lam: float = 0.0
     potential: str = "riesz"
