@@ -43,10 +43,12 @@ def _args(**flags) -> argparse.Namespace:
 
 def _tiny_pretrained(encoder: str, **changes) -> pipeline.RunConfig:
     base = {"task": "sst2", "encoder": encoder, "attention": "favor", "kernel": "learned",
-            "data": {"max_length": 16, "train_limit": 24, "eval_limit": 16},
+            "data": {"max_length": 16, "train_limit": 48, "eval_limit": 16},
             "model": {"n_features": 8},
             "train": {"epochs": 1, "batch_size": 8, "lr": 1e-3, "eval_batch_size": 16},
-            "align": {"n_examples": 8, "holdout": 4, "batch_size": 8, "steps": 2},
+            "align": {"n_examples": 24, "holdout": 16, "batch_size": 24, "steps": 2},
+            "distill": {"n_examples": 12, "holdout": 4, "batch_size": 6, "steps": 2,
+                        "rows_per_sequence": 4},
             "robust": {"rates": [0.2], "advglue": False}}
     return pipeline.make_run_config({**base, **changes})
 
@@ -106,7 +108,7 @@ def test_pretrained_encoder_through_the_one_pipeline_and_resume(tiny_dir, tmp_pa
     out = tmp_path / "run"
     m = pipeline.run(cfg, out, log=lambda *_: None)
     saved = json.loads((out / "metrics.json").read_text())
-    assert saved["encoder"] == str(tiny_dir) and saved["n_train"] == 24
+    assert saved["encoder"] == str(tiny_dir) and saved["n_train"] == 48
     assert saved["model_config"]["post_norm"] and saved["model_config"]["layers"] == 2
     assert len(saved["alignment"]) == 2  # one record per layer (shared omega)
     assert all(math.isfinite(m[k]) for k in ("accuracy", "ece", "log_loss", "brier"))
@@ -122,26 +124,35 @@ def test_pretrained_encoder_through_the_one_pipeline_and_resume(tiny_dir, tmp_pa
 
 
 def test_pretrained_phase_a_moves_only_omega(tiny_dir, tmp_path):
-    """Phase A changes the particles and nothing else; vanilla leaves them as drawn."""
-    from coulomb_attention.nn.model import TransformerClassifier  # noqa: F401
+    """Phase A changes the particles and nothing else (the aligned checkpoint against the
+    model the pipeline starts from); a vanilla run has no phase A."""
+    from coulomb_attention.nn.pretrained import load_pretrained_encoder
     from coulomb_attention.train.checkpoint import load_model_file
 
-    learned = pipeline.run(_tiny_pretrained(str(tiny_dir), train={"epochs": 1, "lr": 0.0}),
-                           tmp_path / "l", log=lambda *_: None)
-    vanilla = pipeline.run(_tiny_pretrained(str(tiny_dir), kernel="vanilla",
-                                            train={"epochs": 1, "lr": 0.0}),
-                           tmp_path / "v", log=lambda *_: None)
+    learned = pipeline.run(_tiny_pretrained(str(tiny_dir)), tmp_path / "l", log=lambda *_: None)
+    vanilla = pipeline.run(_tiny_pretrained(str(tiny_dir), kernel="vanilla"), tmp_path / "v",
+                           log=lambda *_: None)
     assert learned["alignment"] and not vanilla["alignment"]
-    from coulomb_attention.nn.pretrained import load_pretrained_encoder
-
-    a = load_pretrained_encoder(str(tiny_dir), "favor", 8)
-    b = load_pretrained_encoder(str(tiny_dir), "favor", 8)
-    load_model_file(tmp_path / "l" / "ckpt" / "aligned" / "model.safetensors", a)
-    vdir = sorted((tmp_path / "v" / "ckpt" / "finetune").glob("epoch-*"))[-1]
-    load_model_file(vdir / "model.safetensors", b)
-    sa, sb = a.state_dict(), b.state_dict()
+    assert not (tmp_path / "v" / "ckpt" / "aligned").exists()
+    start = load_pretrained_encoder(str(tiny_dir), "favor", 8, num_labels=2, dropout=0.1,
+                                    generator=torch.Generator().manual_seed(0))
+    aligned = load_pretrained_encoder(str(tiny_dir), "favor", 8)
+    load_model_file(tmp_path / "l" / "ckpt" / "aligned" / "model.safetensors", aligned)
+    sa, sb = start.state_dict(), aligned.state_dict()
     moved = [k for k in sa if not torch.equal(sa[k], sb[k])]
-    assert moved and all(k.endswith(".omega") or k.startswith("head.") for k in moved), moved
+    assert moved and all(k.endswith(".omega") for k in moved), moved
+
+
+def test_teacher_objective_distils_the_softmax_attention(tiny_dir, tmp_path):
+    """Phase A with the teacher objective (``minilm compare``'s softmax_align variant) runs
+    through the same pipeline and lowers the row KL to the model's own softmax attention."""
+    cfg = _tiny_pretrained(str(tiny_dir), objective="teacher")
+    m = pipeline.run(cfg, tmp_path / "t", log=lambda *_: None)
+    recs = m["alignment"]
+    assert recs and m["config"]["objective"] == "teacher"
+    assert all(math.isfinite(m[k]) for k in ("accuracy", "log_loss"))
+    kl = [(r["kl_before"], r["kl_after"]) for r in recs]
+    assert all(b is not None and a is not None and a <= b + 1e-9 for b, a in kl), kl
 
 
 # --------------------------------------------------------------------------- is_done

@@ -46,6 +46,7 @@ from .checkpoint import (
     save_model_file,
     save_phase_a_partial,
 )
+from .distill import DistillConfig, distill_attention
 from .evaluate import RobustConfig, evaluate, metrics_of
 from .loop import EncodedDataset, Runtime, TrainConfig, fit, predict_proba
 from .phases import AlignConfig, align_features, probe_init_head
@@ -107,7 +108,8 @@ class RunConfig:
         (``"minilm"`` or a checkpoint directory: its vocabulary and frozen token table)
     probe_init : fit the head by logistic regression before phase B (LP-FT)
     freeze_word_embeddings : keep the token table fixed in phase B
-    data, model, train (phase B), align (phase A, labels), robust (evaluation)
+    data, model, train (phase B), align (phase A, labels), distill (phase A, teacher),
+    robust (evaluation)
     """
 
     task: str = "sst2"
@@ -124,6 +126,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=2))
     align: AlignConfig = field(default_factory=AlignConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
 
     def __post_init__(self) -> None:
@@ -191,7 +194,7 @@ def make_run_config(overrides: dict[str, Any]) -> RunConfig:
         merged = _merge(PRETRAINED_PRESET, merged)
     defaults = RunConfig.__dataclass_fields__
     sections = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
-                "align": AlignConfig, "robust": RobustConfig}
+                "align": AlignConfig, "distill": DistillConfig, "robust": RobustConfig}
     for key in sections:
         if key in merged:
             if not isinstance(merged[key], dict):
@@ -214,6 +217,7 @@ _LATER_KEYS: dict[tuple[str, ...], Any] = {
     ("objective",): "labels",
     ("probe_init",): False,
     ("freeze_word_embeddings",): False,
+    ("distill",): to_dict(DistillConfig()),
 }
 
 
@@ -334,11 +338,8 @@ def _phase_a(model, config: RunConfig, train_set: EncodedDataset, a_dir: Path,
                                  device=runtime.device, progress=progress, comm=runtime.comm,
                                  on_layer_done=on_layer_done, resume=partial)
     else:
-        from .distill import DistillConfig, distill_attention
-
-        n = min(len(data), config.align.n_examples + config.align.holdout)
         records = distill_attention(
-            model, data.input_ids[:n], data.attention_mask[:n], DistillConfig(),
+            model, data.input_ids, data.attention_mask, config.distill,
             generator=gen, progress=progress, comm=runtime.comm, on_layer_done=on_layer_done,
             resume=partial)
     time_s = spent + time.perf_counter() - t0
