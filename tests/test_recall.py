@@ -155,3 +155,60 @@ def test_token_pair_alignment_is_one_for_attention_on_the_target():
     target2[0, 0, 0] = target2[0, 1, 0] = 1.0  # the wrong keys: negative alignment
     stats = token_pair_stats(onehot, torch.zeros(2, 2), (q, k, valid), target2)
     assert float(stats[0]) < 0
+
+
+# ---------------------------------------------------------------- one run, the command
+
+
+def _tiny(**over):
+    from coulomb_attention.config import from_dict
+    from coulomb_attention.train.recall import RecallRunConfig
+
+    base = {"task": {"vocab_size": 16, "n_pairs": 3, "seq_len": 12, "n_queries": 2},
+            "model": {"vocab_size": 16, "max_len": 12, "dim": 16, "heads": 2, "mlp_dim": 16,
+                      "attention": "favor", "n_features": 8},
+            "train": {"epochs": 1, "batch_size": 32, "length_grouping": 0},
+            "align": {"n_examples": 64, "holdout": 32, "batch_size": 32, "steps": 10},
+            "n_train": 64, "n_eval": 32, "warmup_epochs": 1}
+    base.update(over)
+    return from_dict(RecallRunConfig, base)
+
+
+def test_learned_phase_a_raises_the_token_pair_alignment():
+    from coulomb_attention.train.recall import run_recall
+
+    row = run_recall(_tiny(kernel="learned", seed=1))
+    assert {"attention", "kernel", "n_features", "seed", "accuracy", "config"} <= set(row)
+    assert row["config"]["kernel"] == "learned" and 0 <= row["accuracy"] <= 1
+    (rec,) = row["alignment"]  # one omega group (shared by the heads of the last layer)
+    assert rec["train_after"] > rec["train_before"] and rec["omega_shift"] > 0
+    with pytest.raises(ValueError, match="no particles"):
+        _tiny(kernel="learned", model={"vocab_size": 16, "max_len": 12, "attention": "none"})
+
+
+def test_recall_command_skips_finished_runs(tmp_path, monkeypatch):
+    import json
+
+    from coulomb_attention.commands import recall as cmd
+    from coulomb_attention.train import recall as lib
+
+    calls = []
+
+    def fake(cfg, progress=False):
+        calls.append(cfg)
+        return {"attention": cfg.model.attention, "kernel": cfg.kernel,
+                "n_features": cfg.model.n_features, "seed": cfg.seed, "accuracy": 0.5,
+                "chance": cfg.task.chance, "config": lib.to_dict(cfg)}
+
+    monkeypatch.setattr(cmd, "run_recall", fake)
+    argv = ["recall", "--out", str(tmp_path), "--levels", "easy", "--attentions",
+            "softmax,favor", "--kernels", "vanilla,learned", "--n-features", "4,16",
+            "--seeds", "0"]
+    from coulomb_attention.cli import main
+
+    assert main(argv) == 0
+    assert len(calls) == 5  # softmax once; favor 2 M x 2 kernels
+    assert main(argv) == 0 and len(calls) == 5  # nothing re-run
+    rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 5 and (tmp_path / "summary.md").exists()
+    assert (tmp_path / "accuracy_vs_M.png").stat().st_size > 0

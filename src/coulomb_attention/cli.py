@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "minilm": ("coulomb_attention.commands.minilm",
                "pretrained MiniLM with kernel attention: run / compare / timing"),
     "suite": ("coulomb_attention.commands.suite", "every attention x kernel x task x seed"),
+    "recall": ("coulomb_attention.commands.recall", "MQAR: attention x kernel x M sweep"),
     "report": ("coulomb_attention.commands.report", "Markdown report from a results dir"),
     "convert": ("coulomb_attention.commands.convert", "distil a pretrained encoder into particles"),
 }

@@ -1,0 +1,128 @@
+"""``coulomb-attention recall``: MQAR, attention x kernel x M x seeds at two difficulties.
+
+Flags -> one :class:`~coulomb_attention.train.recall.RecallRunConfig` per grid point ->
+:func:`~coulomb_attention.train.recall.run_recall` -> ``OUT/results.jsonl`` (one fsync'd line
+per run, with the resolved config; a run whose config already has a line is skipped), then
+``OUT/summary.md`` and ``OUT/accuracy_vs_M.png`` from the result file only
+(:mod:`coulomb_attention.reports.recall`). Maps without particles (``softmax``, ``elu``,
+``none``) run once per seed and level (kernel ``vanilla``; M does not apply).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import from_dict, to_dict
+from ..nn.attention import ATTENTION_FEATURES
+from ..results import append_jsonl, read_jsonl
+from ..train.recall import KERNELS, RecallRunConfig, run_recall
+
+ATTENTIONS = ("softmax", "favor", "porf_softplus", "softmax_feat", "elu", "none")
+N_FEATURES = (4, 8, 16, 32, 64, 128)
+
+# the two difficulties (task + the model/training that goes with it); small overrides of
+# the RecallRunConfig defaults
+LEVELS: dict[str, dict] = {
+    "easy": {
+        "task": {"vocab_size": 128, "n_pairs": 8, "seq_len": 48, "n_queries": 8},
+        "model": {"vocab_size": 128, "max_len": 48, "dim": 64, "heads": 1, "mlp_dim": 128},
+        "train": {"epochs": 4},
+        "warmup_epochs": 2, "n_train": 5000, "n_eval": 1000,
+    },
+    "hard": {
+        "task": {"vocab_size": 256, "n_pairs": 16, "seq_len": 80, "n_queries": 16},
+        "model": {"vocab_size": 256, "max_len": 80, "dim": 64, "heads": 1, "mlp_dim": 128},
+        "train": {"epochs": 4},
+        "warmup_epochs": 2, "n_train": 5000, "n_eval": 1000,
+    },
+}
+QUICK = {"n_train": 4000, "n_eval": 300, "warmup_epochs": 2, "train": {"epochs": 2},
+         "align": {"steps": 40, "n_examples": 512, "holdout": 128}}
+
+
+def _csv(kind, valid=None):
+    def parse(text: str):
+        items = [kind(t) for t in text.split(",") if t.strip()]
+        bad = [t for t in items if valid is not None and t not in valid]
+        if not items or bad:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {sorted(valid or [])}, "
+                                             f"got {text!r}")
+        return items
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, help="output directory (results.jsonl, summary.md)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke grid (easy level; softmax, favor, none; M=16; seed 0; small "
+                        "data): under 5 minutes")
+    p.add_argument("--levels", type=_csv(str, LEVELS), default=list(LEVELS))
+    p.add_argument("--attentions", type=_csv(str, ATTENTIONS), default=list(ATTENTIONS))
+    p.add_argument("--kernels", type=_csv(str, KERNELS), default=list(KERNELS))
+    p.add_argument("--n-features", type=_csv(int), default=list(N_FEATURES))
+    p.add_argument("--seeds", type=_csv(int), default=[0, 1, 2])
+    p.add_argument("--config", type=Path, help="JSON overrides applied to every level")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--progress", action="store_true", help="progress bars")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+def grid(args) -> list[tuple[str, RecallRunConfig]]:
+    """Every (level, config) of the requested grid, in run order."""
+    extra = json.loads(args.config.read_text()) if args.config else {}
+    levels, atts, kernels, ms, seeds = (args.levels, args.attentions, args.kernels,
+                                        args.n_features, args.seeds)
+    if args.quick:
+        levels, atts, kernels, ms, seeds = ["easy"], ["softmax", "favor", "none"], \
+            ["vanilla", "learned"], [16], [0]
+        extra = _merge(QUICK, extra)
+    runs = []
+    for level in levels:
+        base = _merge(LEVELS[level], extra)
+        for seed in seeds:
+            for att in atts:
+                featured = ATTENTION_FEATURES[att].has_features
+                for m in (ms if featured else [64]):  # M unused there
+                    for kernel in (kernels if featured else ["vanilla"]):
+                        over = _merge(base, {"model": {"attention": att, "n_features": m},
+                                             "kernel": kernel, "seed": seed})
+                        runs.append((level, from_dict(RecallRunConfig, over)))
+    return runs
+
+
+def run(args) -> int:
+    torch.set_num_threads(max(int(args.threads), 1))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    done = {json.dumps(r["config"], sort_keys=True) for r in read_jsonl(results, repair=True)}
+    todo = grid(args)
+    n_done = sum(json.dumps(to_dict(c), sort_keys=True) in done for _, c in todo)
+    print(f"recall: {len(todo)} runs, {n_done} already done", flush=True)
+    for i, (level, cfg) in enumerate(todo):
+        key = json.dumps(to_dict(cfg), sort_keys=True)
+        if key in done:
+            continue
+        t0 = time.perf_counter()
+        row = {"level": level, **run_recall(cfg, progress=args.progress)}
+        append_jsonl(results, row)
+        done.add(key)
+        print(f"[{i + 1}/{len(todo)}] {level} {cfg.model.attention}-{cfg.kernel} "
+              f"M={cfg.model.n_features} seed={cfg.seed}: accuracy {row['accuracy']:.4f} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    from ..reports.recall import write_report
+
+    write_report(out)
+    print(f"wrote {results}, {out / 'summary.md'}, {out / 'accuracy_vs_M.png'}")
+    return 0
