@@ -16,8 +16,11 @@ projection stays as pretrained.
 Scalings (see docs/convert.md): queries/keys are scaled by ``d_head**-0.25`` as in
 :class:`~coulomb_attention.nn.KernelAttention`; the data term is a *mean* over sampled query
 rows (of all sequences and heads of the group), so it is O(1) whatever the number of rows;
-the driver's drift is ``eta * N * grad`` and with ``normalize_drift=True`` (default) its
-per-particle RMS is ``eta`` in the particles' units (scale-free); the ball radius is
+the driver's drift is ``eta * N * grad`` (``N * grad_i`` is O(1) for a mean loss), capped at
+``max_drift`` per particle and step (default 0.3, in the particles' units, ``|omega| ~
+sqrt(d_head)``): a clipped gradient flow in which particles with small gradients still move
+(``normalize_drift=True`` divides by a running RMS over all particles instead, which on MiniLM
+let a few particles with huge gradients freeze the rest: measured worse); the ball radius is
 ``radius * sqrt(d_head)``; ``beta`` (default 1e6, 0 = infinity) sets the Langevin noise
 ``sqrt(2 eta / beta)``.
 
@@ -94,16 +97,16 @@ class DistillConfig:
     rows_per_sequence: int = 16
     steps: int = 150
     method: str = "langevin"
-    eta: float = 0.3
-    eta_end: float = 0.03
+    eta: float = 3.0
+    eta_end: float = 0.3
     beta: float = 1e6
     lam: float = 0.0
     potential: str = "riesz"
     s: float = 1.0
     eps: float = 0.1
     radius: float = 3.0
-    max_drift: float = 0.0
-    normalize_drift: bool = True
+    max_drift: float = 0.3
+    normalize_drift: bool = False
     output_weight: float = 0.0
     lr: float = 0.02
     dtype: str = "float64"
