@@ -196,8 +196,8 @@ def test_convert_run_resumes_and_cli_errors(tiny_dir, tmp_path, capsys):
     calls = []
     orig = conv._save_progress
 
-    def save_then_stop(state_dir, model, next_layer, records, gen_state):
-        orig(state_dir, model, next_layer, records, gen_state)
+    def save_then_stop(state_dir, model, next_layer, records, gen_state, config):
+        orig(state_dir, model, next_layer, records, gen_state, config)
         calls.append(next_layer)
         raise KeyboardInterrupt
 
@@ -208,6 +208,9 @@ def test_convert_run_resumes_and_cli_errors(tiny_dir, tmp_path, capsys):
     finally:
         conv._save_progress = orig
     assert calls == [1] and (out / "state" / "progress.json").is_file()
+    other = ConvertConfig(**{**cfg.__dict__, "distill": _cfg(steps=5)})
+    with pytest.raises(ValueError, match="another configuration"):
+        convert_encoder(other, out, log=lambda *_: None)
     res = convert_encoder(cfg, out, log=lambda *_: None)
     ref = convert_encoder(cfg, tmp_path / "ref", log=lambda *_: None)
     assert res["fidelity"] == ref["fidelity"] and not (out / "state").exists()

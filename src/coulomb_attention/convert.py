@@ -251,7 +251,8 @@ def run_probes(model, tok, cfg: ConvertConfig, data_dir) -> dict[str, dict[str, 
 # ---------------------------------------------------------------------------- conversion
 
 
-def _save_progress(state_dir: Path, model, next_layer: int, records, gen_state) -> None:
+def _save_progress(state_dir: Path, model, next_layer: int, records, gen_state,
+                   config: dict | None = None) -> None:
     from safetensors.torch import save_file
 
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -262,16 +263,19 @@ def _save_progress(state_dir: Path, model, next_layer: int, records, gen_state) 
     torch.save(gen_state, state_dir / "generator.pt.tmp")
     os.replace(state_dir / "generator.pt.tmp", state_dir / "generator.pt")
     tmp = state_dir / "progress.json.tmp"
-    tmp.write_text(json.dumps({"next_layer": next_layer, "records": records}))
+    tmp.write_text(json.dumps({"next_layer": next_layer, "records": records, "config": config}))
     os.replace(tmp, state_dir / "progress.json")
 
 
-def _load_progress(state_dir: Path, model) -> dict[str, Any] | None:
+def _load_progress(state_dir: Path, model, config: dict | None = None) -> dict[str, Any] | None:
     if not (state_dir / "progress.json").is_file():
         return None
     from safetensors.torch import load_file
 
     prog = json.loads((state_dir / "progress.json").read_text())
+    if config is not None and prog.get("config") != config:
+        raise ValueError(f"{state_dir.parent} holds an unfinished conversion with another "
+                         "configuration; use another --out or delete it")
     omegas = load_file(str(state_dir / "omega.safetensors"))
     for i, layer in enumerate(model.attention_layers):
         if f"layer{i}" in omegas:
@@ -334,14 +338,17 @@ def convert_encoder(
         if config.variant == "hedgehog":
             dcfg = dataclasses.replace(dcfg, method="hedgehog")
         state_dir = out / "state"
-        resume = _load_progress(state_dir, model) if config.variant == "particles" else None
+        stamp = _to_json(config)
+        resume = (_load_progress(state_dir, model, stamp) if config.variant == "particles"
+                  else None)
         if resume is not None:
             log(f"resuming at layer {resume['next_layer']}")
         t0 = time.perf_counter()
         records = distill_attention(
             model, ids, mask, dcfg, generator=torch.Generator().manual_seed(config.seed),
             progress=progress, resume=resume,
-            on_layer_done=(lambda nl, rec, gs: _save_progress(state_dir, model, nl, rec, gs))
+            on_layer_done=(lambda nl, rec, gs: _save_progress(state_dir, model, nl, rec, gs,
+                                                              stamp))
             if config.variant == "particles" else None)
         distill_s = time.perf_counter() - t0 + (sum(r["time_s"] for r in resume["records"])
                                                 if resume else 0.0)
