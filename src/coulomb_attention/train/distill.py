@@ -277,7 +277,8 @@ def distill_attention(
         same-seeded generator uses the same sequences)
     config : DistillConfig
     generator : torch.Generator
-        Draws the split, the query rows, the batch order and the Langevin noise.
+        Draws the split, the query rows, the batch order and, per layer, the seed of the
+        Langevin noise (drawn first, so ranks with the same seed share the noise).
     progress : show a progress bar per head group and print one line per layer
     comm : optional :class:`~coulomb_attention.energy.Comm` (exact data parallelism: each
         rank passes its own sequences; statistics and gradients are all-reduced)
@@ -326,6 +327,11 @@ def distill_attention(
                 on_layer_done(li + 1, records, generator.get_state())
             continue
         t0 = time.perf_counter()
+        # the Langevin noise of this layer has its own stream, drawn before anything whose
+        # consumption depends on this process's sequences: ranks of a data-parallel run (same
+        # seed) then draw the same noise and keep identical particles
+        noise = torch.Generator().manual_seed(
+            int(torch.randint(0, 2**62, (1,), generator=generator)))
         if config.method == "hedgehog":
             use_hedgehog_map_(layer)
         kw = dict(batch_size=config.batch_size, rows_per_sequence=config.rows_per_sequence,
@@ -355,7 +361,7 @@ def distill_attention(
                     Hamiltonian(term, potential, lam=config.lam), omega0, config.schedule(),
                     cycle(fb, order), projection=make_projection("ball",
                                                                  config.radius * math.sqrt(dh)),
-                    generator=generator, comm=comm, normalize_drift=config.normalize_drift,
+                    generator=noise, comm=comm, normalize_drift=config.normalize_drift,
                     progress=f"layer {li} heads {heads.start}:{heads.stop}" if progress
                     else False)
                 omega, trace = run.omega, run.trace
