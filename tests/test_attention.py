@@ -778,3 +778,23 @@ def test_module_order_option_gives_the_same_layer(causal, share):
     m.order = "fast"
     with pytest.raises(ValueError, match="order"):
         m(x, mask)
+
+
+def test_bench_attention_short_tiny_grid(tmp_path, monkeypatch):
+    from coulomb_attention.cli import main
+    from coulomb_attention.commands import bench_attention as BA
+
+    monkeypatch.setitem(BA.SHORT, "batches", [2])
+    monkeypatch.setitem(BA.SHORT, "lengths", [16, 32])
+    monkeypatch.setitem(BA.SHORT, "features", [8])
+    monkeypatch.setitem(BA.SHORT, "shapes", {"tiny": (16, 2)})
+    out = tmp_path / "short"
+    assert main(["bench", "attention", "--short", "--repeats", "1", "--threads", "1",
+                 "--no-performer", "--out", str(out)]) == 0
+    table = (out / "table.md").read_text()
+    assert "performer-pytorch not installed" in table and "| tiny | 2 | 32 |" in table
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["performer"] is False and summary["targets"]["vs_performer_held"] is None
+    rows = (out / "results.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 2  # header + (favor, sdpa) x 2 lengths
+    assert (out / "bench_attention_short.png").stat().st_size > 1000

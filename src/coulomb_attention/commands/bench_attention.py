@@ -44,8 +44,8 @@ from pathlib import Path
 
 import torch
 
-from ..nn.functional import clear_workspace, favor_attention
-from ..train.checkpoint import atomic_write_text
+from ..nn.functional import clear_workspace, favor_attention, quadratic_is_cheaper
+from ..results import atomic_write_text
 
 PEAK_N = 1024  # float32 (PEAK_N, PEAK_N) @ (PEAK_N, PEAK_N): the matmul peak
 QUICK = {"lengths": [128, 512, 2048], "features": [64], "repeats": 2}
@@ -79,7 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave performer-pytorch out even if it is installed")
     parser.add_argument("--quick", action="store_true",
                         help="small grid (L=128,512,2048; M=64; 2 repeats), well under a minute")
-    parser.add_argument("--out", default="runs/bench_attention", help="output directory")
+    parser.add_argument("--short", action="store_true",
+                        help="short-sequence grid of sentence tasks instead (B in {1, 32}, "
+                             "L = 16..512, classifier and MiniLM shapes, M in {16, 64}; "
+                             "--lengths/--features/--heads/--head-dim/--batch are ignored)")
+    parser.add_argument("--out", default=None,
+                        help="output directory (default runs/bench_attention, with --short "
+                             "runs/bench_attention_short)")
 
 
 # --------------------------------------------------------------------------- measurements
@@ -243,6 +249,10 @@ def _time_all(calls: dict, repeats: int, budget: float) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.short:
+        return run_short(args)
+    if args.out is None:
+        args.out = "runs/bench_attention"
     lengths = _positive_ints("lengths", args.lengths)
     feats = _positive_ints("features", args.features)
     repeats, threads = args.repeats, args.threads
@@ -503,4 +513,196 @@ def plot(rows: list[dict], path: Path) -> None:
     axes[1, 1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- short sequences
+
+SHORT = {
+    "batches": [1, 32],
+    "lengths": [16, 32, 64, 128, 256, 512],
+    "features": [16, 64],
+    # name -> (model dim, heads): the default classifier and MiniLM (head dim 32 both)
+    "shapes": {"classifier": (128, 4), "minilm": (384, 12)},
+}
+
+
+def run_short(args: argparse.Namespace) -> int:
+    """``bench attention --short``: FAVOR+ (order picked by cost) against SDPA and
+    performer-pytorch at the lengths of sentence tasks; interleaved timing per (shape, B, L)
+    cell, medians of ``--repeats``."""
+    repeats, threads = args.repeats, args.threads
+    for name, val in (("repeats", repeats), ("threads", threads)):
+        if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
+            raise ValueError(f"--{name} must be a positive integer, got {val}")
+    out_dir = Path(args.out or "runs/bench_attention_short")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(threads)
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    FastAttention = _load_performer(args.no_performer)
+    gen = torch.Generator().manual_seed(0)
+    print(f"threads={threads} repeats={repeats} performer={FastAttention is not None} "
+          f"(load average {load_start[0]:.1f})", flush=True)
+    rows = []
+    t_start = time.perf_counter()
+    for shape, (dim, H) in SHORT["shapes"].items():
+        d = dim // H
+        methods = _methods(SHORT["features"], d, FastAttention, gen)
+        for B in SHORT["batches"]:
+            for L in SHORT["lengths"]:
+                q, k, v = (torch.randn(B, H, L, d, generator=gen).requires_grad_()
+                           for _ in range(3))
+                calls = {}
+                for name, (_, fn) in methods.items():
+                    calls[(name, "fwd")] = _forward(fn, q, k, v)
+                    calls[(name, "fwdbwd")] = _forward_backward(fn, q, k, v)
+                times = _time_all(calls, repeats, args.budget)
+                for name, (M, _) in methods.items():
+                    method = name.split("/")[0]
+                    row = {
+                        "shape": shape, "dim": dim, "B": B, "H": H, "d": d, "L": L,
+                        "method": "favor" if method == "favor_fused" else method,
+                        "n_features": M, "threads": threads,
+                        "order": (("quadratic" if quadratic_is_cheaper(L, L, M, d, B * H)
+                                   else "linear") if method == "favor_fused" else ""),
+                        "repeats": len(times[(name, "fwd")]),
+                        "fwd_s": statistics.median(times[(name, "fwd")]),
+                        "fwdbwd_s": statistics.median(times[(name, "fwdbwd")]),
+                    }
+                    rows.append(row)
+                    print(f"{shape:10s} B={B:2d} L={L:4d} {name:16s} {row['order']:9s} fwd "
+                          f"{row['fwd_s'] * 1e3:8.2f} ms  fwd+bwd {row['fwdbwd_s'] * 1e3:8.2f} ms",
+                          flush=True)
+    load_end = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    summary = {
+        "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+        "grid": SHORT, "torch": torch.__version__, "python": platform.python_version(),
+        "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "threads": threads,
+        "performer": FastAttention is not None, "load_average_start": list(load_start),
+        "load_average_end": list(load_end), "wall_s": time.perf_counter() - t_start,
+        "targets": short_targets(rows),
+    }
+    with open(out_dir / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
+    table = short_table(rows, summary)
+    atomic_write_text(out_dir / "table.md", table)
+    plot_short(rows, out_dir / "bench_attention_short.png")
+    print(table)
+    print(f"wrote {out_dir}/results.csv, table.md, summary.json, bench_attention_short.png")
+    return 0
+
+
+def _short_get(rows, shape, B, L, method, M):
+    for r in rows:
+        if (r["shape"], r["B"], r["L"], r["method"], r["n_features"]) == (shape, B, L, method, M):
+            return r
+    return None
+
+
+def short_targets(rows: list[dict]) -> dict:
+    """Forward+backward at B = 32, L <= 256: FAVOR+ no slower than performer-pytorch (same M)
+    and within 1.5x of SDPA, at both shapes. ``held`` is None where a column is absent."""
+    out: dict = {"vs_performer": [], "vs_sdpa": []}
+    for r in rows:
+        if r["method"] != "favor" or r["B"] != 32 or r["L"] > 256:
+            continue
+        key = (r["shape"], r["B"], r["L"])
+        s = _short_get(rows, *key, "sdpa", None)
+        p = _short_get(rows, *key, "performer", r["n_features"])
+        tag = {"shape": r["shape"], "L": r["L"], "M": r["n_features"]}
+        if s is not None:
+            ratio = r["fwdbwd_s"] / s["fwdbwd_s"]
+            out["vs_sdpa"].append({**tag, "ratio": ratio, "held": ratio <= 1.5})
+        if p is not None:
+            ratio = r["fwdbwd_s"] / p["fwdbwd_s"]
+            out["vs_performer"].append({**tag, "ratio": ratio, "held": ratio <= 1.0})
+    for name in ("vs_performer", "vs_sdpa"):
+        items = out[name]
+        out[name + "_held"] = all(i["held"] for i in items) if items else None
+    return out
+
+
+def short_table(rows: list[dict], summary: dict) -> str:
+    """Markdown: per (shape, B, L) one line, times of every method, plus the targets."""
+    Ms = summary["grid"]["features"]
+    perf = summary["performer"]
+    cols = [("favor", M) for M in Ms] + ([("performer", M) for M in Ms] if perf else [])
+    cols.append(("sdpa", None))
+    head = " | ".join(f"{m}{'' if M is None else f' M={M}'}" for m, M in cols)
+    lines = [
+        f"Short-sequence attention benchmark: {summary['threads']} thread(s), {summary['cpu']}, "
+        f"torch {summary['torch']}; load average {summary['load_average_start'][0]:.1f} -> "
+        f"{summary['load_average_end'][0]:.1f}. Medians of {summary['args']['repeats']} "
+        "interleaved repeats, milliseconds, forward / forward+backward. FAVOR+ order: "
+        "q = quadratic, l = linear (picked by cost). "
+        + ("" if perf else "performer-pytorch not installed: its columns are absent."),
+        "",
+        f"| shape | B | L | {head} | favor/sdpa fwd+bwd (M=64) |",
+        "|---|---:|---:|" + "---:|" * len(cols) + "---:|",
+    ]
+    keys = sorted({(r["shape"], r["B"], r["L"]) for r in rows},
+                  key=lambda t: (list(summary["grid"]["shapes"]).index(t[0]), t[1], t[2]))
+    for key in keys:
+        cells = []
+        for m, M in cols:
+            r = _short_get(rows, *key, m, M)
+            if r is None:
+                cells.append("-")
+                continue
+            tag = f" {r['order'][0]}" if r["order"] else ""
+            cells.append(f"{r['fwd_s'] * 1e3:.2f} / {r['fwdbwd_s'] * 1e3:.2f}{tag}")
+        f64, s = _short_get(rows, *key, "favor", max(Ms)), _short_get(rows, *key, "sdpa", None)
+        ratio = f"{f64['fwdbwd_s'] / s['fwdbwd_s']:.2f}" if f64 and s else "-"
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells)
+                     + f" | {ratio} |")
+    t = summary["targets"]
+    lines += ["", "Targets (forward+backward, B = 32, L <= 256, both shapes):", ""]
+    for name, text in (("vs_performer", "no slower than performer-pytorch (same M)"),
+                       ("vs_sdpa", "within 1.5x of SDPA")):
+        held = t[name + "_held"]
+        status = "not measured" if held is None else ("held" if held else "MISSED")
+        vals = " ".join(f"{i['shape']},L={i['L']},M={i['M']}:{i['ratio']:.2f}"
+                        f"{'' if i['held'] else '!'}" for i in t[name])
+        lines.append(f"- {text}: **{status}** (time ratios favor/other: {vals})")
+    return "\n".join(lines) + "\n"
+
+
+def plot_short(rows: list[dict], path: Path) -> None:
+    """Forward+backward time versus L, one panel per (shape, B)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["shape"], r["B"]) for r in rows},
+                    key=lambda t: (t[0] != "classifier", t[1]))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8), squeeze=False)
+    colors = {"favor": "tab:blue", "performer": "tab:orange", "sdpa": "black"}
+    for ax, (shape, B) in zip(axes.flat, panels, strict=False):
+        series: dict = {}
+        for r in rows:
+            if (r["shape"], r["B"]) == (shape, B):
+                series.setdefault((r["method"], r["n_features"]), []).append(r)
+        for (method, M), rs in sorted(series.items(), key=lambda t: (t[0][0], t[0][1] or 0)):
+            rs = sorted(rs, key=lambda r: r["L"])
+            ax.plot([r["L"] for r in rs], [r["fwdbwd_s"] * 1e3 for r in rs],
+                    "--" if M == 16 else "-", marker="o", ms=3, color=colors.get(method, "gray"),
+                    label=method if M is None else f"{method} M={M}")
+        dim, H = rows[0]["dim"], rows[0]["H"]
+        for r in rows:
+            if r["shape"] == shape:
+                dim, H = r["dim"], r["H"]
+                break
+        ax.set_title(f"{shape} (dim {dim}, {H} heads), B={B}: forward+backward")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length L")
+        ax.set_ylabel("ms")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
