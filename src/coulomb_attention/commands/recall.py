@@ -31,13 +31,13 @@ LEVELS: dict[str, dict] = {
     "easy": {
         "task": {"vocab_size": 128, "n_pairs": 8, "seq_len": 48, "n_queries": 8},
         "model": {"vocab_size": 128, "max_len": 48, "dim": 64, "heads": 1, "mlp_dim": 128},
-        "train": {"epochs": 4},
+        "train": {"epochs": 4, "lr": 6e-3},
         "warmup_epochs": 2, "n_train": 5000, "n_eval": 1000,
     },
     "hard": {
         "task": {"vocab_size": 256, "n_pairs": 16, "seq_len": 80, "n_queries": 16},
         "model": {"vocab_size": 256, "max_len": 80, "dim": 64, "heads": 1, "mlp_dim": 128},
-        "train": {"epochs": 4},
+        "train": {"epochs": 4, "lr": 6e-3},
         "warmup_epochs": 2, "n_train": 5000, "n_eval": 1000,
     },
 }

@@ -119,9 +119,15 @@ def _plot(rows: list[dict], path: Path) -> None:
                f"L={task['seq_len']}")
         ax.set_xticks(sorted({r['n_features'] for r in lr
                               if r["attention"] not in NO_PARTICLES}) or [64])
-        ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(plt.matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    handles = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    axes[0][-1].legend(handles.values(), handles.keys(), fontsize=7, loc="center left",
+                       bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
