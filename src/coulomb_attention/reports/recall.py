@@ -80,7 +80,7 @@ def summarize(rows: list[dict]) -> list[str]:
             lines.append("- fixed FAVOR+ by M: " + ", ".join(f"M={m}: {v:.3f}"
                                                              for m, v in fav.items()))
         for att in sorted({r["attention"] for r in lr} - set(NO_PARTICLES)):
-            for m_small, m_big in ((16, 64), (16, 16), (4, 4)):
+            for m_small, m_big in ((16, 64), (4, 4), (16, 16), (64, 64)):
                 a = _by_seed(lr, att, "learned", m_small)
                 b = _by_seed(lr, att, "vanilla", m_big)
                 if a and b:
