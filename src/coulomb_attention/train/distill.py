@@ -36,7 +36,6 @@ same batches; stored in ``omega`` as ``[W; -W]``.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,10 +45,11 @@ import torch
 from torch import nn
 
 from .._validation import check_choice, check_nonnegative, check_positive
-from ..dynamics import LangevinSchedule, cycle, learn_particles, make_projection
-from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, make_potential
+from ..dynamics import cycle, learn_particles
+from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch
 from ..nn.attention import AttentionFeature
 from .capture import layer_inputs
+from .phases import langevin_setup
 
 __all__ = [
     "METHODS",
@@ -131,11 +131,6 @@ class DistillConfig:
             if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers):
                 raise ValueError(f"layers must be non-negative layer indices, got {self.layers!r}")
             object.__setattr__(self, "layers", layers)
-
-    def schedule(self) -> LangevinSchedule:
-        return LangevinSchedule(steps=self.steps, eta=self.eta, eta_end=self.eta_end,
-                                eta_schedule="cosine", beta=self.beta,
-                                max_drift=self.max_drift or None)
 
 
 # ---------------------------------------------------------------------------- caching
@@ -345,8 +340,7 @@ def distill_attention(
         per = layer.heads // groups
         new_omega = omega_all.clone()
         term = TeacherAttention(layer.feature, output_weight=config.output_weight, dtype=dtype)
-        potential = (make_potential(config.potential, s=config.s, eps=config.eps, dim=dh)
-                     if config.lam > 0 else None)
+        potential, projection, schedule = langevin_setup(config, dh)
         layer_records = []
         for g in range(groups):
             heads = slice(g * per, (g + 1) * per)
@@ -358,10 +352,9 @@ def distill_attention(
             if config.method == "langevin":
                 order = torch.randperm(len(fb), generator=generator).tolist()
                 run = learn_particles(
-                    Hamiltonian(term, potential, lam=config.lam), omega0, config.schedule(),
-                    cycle(fb, order), projection=make_projection("ball",
-                                                                 config.radius * math.sqrt(dh)),
-                    generator=noise, comm=comm, normalize_drift=config.normalize_drift,
+                    Hamiltonian(term, potential, lam=config.lam), omega0, schedule,
+                    cycle(fb, order), projection=projection, generator=noise, comm=comm,
+                    normalize_drift=config.normalize_drift,
                     progress=f"layer {li} heads {heads.start}:{heads.stop}" if progress
                     else False)
                 omega, trace = run.omega, run.trace

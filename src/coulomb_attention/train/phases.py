@@ -43,8 +43,8 @@ from ..energy import (
 from .capture import layer_inputs
 from .loop import EncodedDataset, collate
 
-__all__ = ["AlignConfig", "align_features", "collect_queries", "probe_init_head",
-           "sequence_features"]
+__all__ = ["AlignConfig", "align_features", "collect_queries", "langevin_setup",
+           "probe_init_head", "sequence_features"]
 
 
 @dataclass(frozen=True)
@@ -92,11 +92,22 @@ class AlignConfig:
             check_nonnegative(name, getattr(self, name))
         check_choice("potential", self.potential, POTENTIALS)
 
-    def schedule(self) -> LangevinSchedule:
-        """The Langevin schedule of one layer (cosine step size ``eta -> eta_end``)."""
-        return LangevinSchedule(steps=self.steps, eta=self.eta, eta_end=self.eta_end,
-                                eta_schedule="cosine", beta=self.beta,
-                                max_drift=self.max_drift or None)
+
+def langevin_setup(config, dh: int):
+    """The particle system a phase-A config describes, for head dimension ``dh``.
+
+    ``config`` is an :class:`AlignConfig` or any config with the same Langevin fields
+    (``DistillConfig``): returns ``(potential, projection, schedule)``, the pair potential
+    (None when ``lam == 0``), the ball of radius ``radius * sqrt(dh)`` and the cosine step-size
+    schedule ``eta -> eta_end`` over ``steps``.
+    """
+    potential = (make_potential(config.potential, s=config.s, eps=config.eps, dim=dh)
+                 if config.lam > 0 else None)
+    projection = make_projection("ball", config.radius * math.sqrt(dh))
+    schedule = LangevinSchedule(steps=config.steps, eta=config.eta, eta_end=config.eta_end,
+                                eta_schedule="cosine", beta=config.beta,
+                                max_drift=config.max_drift or None)
+    return potential, projection, schedule
 
 
 def collect_queries(
@@ -241,8 +252,7 @@ def align_features(
         for g in range(n_groups):
             heads = slice(g * h, (g + 1) * h)
             features = sequence_features(layer, heads)
-            potential = (make_potential(config.potential, s=config.s, eps=config.eps, dim=dh)
-                         if config.lam > 0 else None)
+            potential, projection, schedule = langevin_setup(config, dh)
             ham = Hamiltonian(LabelAlignment(features, center=config.center), potential,
                               lam=config.lam)
             omega0 = omega_all[g]
@@ -251,8 +261,7 @@ def align_features(
                            if hold_batches else None)
             order = torch.randperm(len(fit_batches), generator=generator).tolist()
             result = learn_particles(
-                ham, omega0, config.schedule(), cycle(fit_batches, order),
-                projection=make_projection("ball", config.radius * math.sqrt(dh)),
+                ham, omega0, schedule, cycle(fit_batches, order), projection=projection,
                 generator=generator, comm=comm)
             state, trace = result.state, result.trace
             after = _alignment(state.omega, fit_batches, features, config.center, comm)

@@ -26,7 +26,6 @@ exactly the settings object of the sequence-level phase A (:class:`~.phases.Alig
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,13 +36,13 @@ from torch import nn
 from .._validation import check_choice, check_positive
 from ..config import to_dict
 from ..data.mqar import IGNORE, MQARConfig, MQARData, make_mqar
-from ..dynamics import LangevinSchedule, cycle, learn_particles, make_projection
-from ..energy import Hamiltonian, make_potential
+from ..dynamics import cycle, learn_particles
+from ..energy import Hamiltonian
 from ..energy.token_pair import TokenPairAlignment, token_pair_stats
 from ..nn.recall import RecallModel, RecallModelConfig
 from .capture import layer_inputs
 from .loop import Runtime, TrainConfig, fit
-from .phases import AlignConfig
+from .phases import AlignConfig, langevin_setup
 
 __all__ = ["KERNELS", "RecallRunConfig", "evaluate_recall", "recall_phase_a", "run_recall"]
 
@@ -186,8 +185,7 @@ def recall_phase_a(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
         hs = slice(g * heads_per, (g + 1) * heads_per)
         fb = [((q[:, hs], k[:, hs], v), y) for (q, k, v), y in fit_b]
         hb = [((q[:, hs], k[:, hs], v), y) for (q, k, v), y in hold_b]
-        potential = (make_potential(config.potential, s=config.s, eps=config.eps, dim=dh)
-                     if config.lam > 0 else None)
+        potential, projection, sched = langevin_setup(config, dh)
         ham = Hamiltonian(TokenPairAlignment(layer.feature, center=config.center), potential,
                           lam=config.lam)
         om0 = omega_all[g].clone()
@@ -195,11 +193,7 @@ def recall_phase_a(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
                "train_before": _alignment(layer.feature, om0, fb, config.center),
                "holdout_before": _alignment(layer.feature, om0, hb, config.center)}
         order = torch.randperm(len(fb), generator=generator).tolist()
-        sched = LangevinSchedule(steps=config.steps, eta=config.eta, eta_end=config.eta_end,
-                                 eta_schedule="cosine", beta=config.beta,
-                                 max_drift=config.max_drift or None)
-        run = learn_particles(ham, om0, sched, cycle(fb, order),
-                              projection=make_projection("ball", config.radius * math.sqrt(dh)),
+        run = learn_particles(ham, om0, sched, cycle(fb, order), projection=projection,
                               generator=generator, normalize_drift=True)
         omega_all[g] = run.omega
         rec.update({
