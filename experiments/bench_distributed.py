@@ -34,6 +34,7 @@ Writes ``OUT/results.jsonl`` (one row per configuration and workload) and ``OUT/
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -86,16 +87,20 @@ def _phase_a_core(rt, args) -> dict:
     xs, ys = shard((x, y), rt.rank, rt.world_size)
     bs = 1024
     batches = [(xs[i:i + bs], ys[i:i + bs]) for i in range(0, xs.shape[0], bs)]
-    ham = E.Hamiltonian(feats, E.make_potential("riesz", s=1.0, eps=0.1), lam=0.1,
-                        reduce=rt.reduce)
-    init, step = D.projected_langevin(lambda w, _: ham(w, batches), D.Ball(6.0), eta=0.05,
-                                      beta=1e4)
-    state = init(omega0, torch.Generator().manual_seed(rt.shared_seed(7)))
-    state, _ = D.run(state, step, 2)  # warm-up
+    ham = E.Hamiltonian(E.LabelAlignment(feats), E.make_potential("riesz", s=1.0, eps=0.1),
+                        lam=0.1)
+    gen = torch.Generator().manual_seed(rt.shared_seed(7))
+
+    def steps(omega, k):  # k full-data steps (every step streams all of this rank's batches)
+        return D.learn_particles(ham, omega, D.LangevinSchedule(steps=k, eta=0.05, beta=1e4),
+                                 itertools.repeat(batches), projection=D.Ball(6.0),
+                                 generator=gen, comm=rt.comm)
+
+    omega = steps(omega0, 2).omega  # warm-up
     with _Timer(rt) as timer:
-        state, trace = D.run(state, step, args.a_steps)
+        res = steps(omega, args.a_steps)
     return {**timer.row(), "steps": args.a_steps, "n": n, "N": m,
-            "checksum": float(state.omega.double().sum()), "energy_last": trace[-1]["energy"]}
+            "checksum": float(res.omega.double().sum()), "energy_last": res.trace[-1]["energy"]}
 
 
 def _model_and_data(args, n: int):
@@ -126,7 +131,7 @@ def _phase_a_model(rt, args) -> dict:
                       batch_size=args.am_batch // rt.world_size, steps=args.am_steps)
     with _Timer(rt) as timer:
         records = align_features(model, local, cfg, generator=torch.Generator().manual_seed(3),
-                                 reduce=rt.reduce)
+                                 comm=rt.comm)
     omega = torch.cat([layer.omega.flatten() for layer in model.attention_layers])
     return {**timer.row(), "steps": args.am_steps, "layers": len(records),
             "n": args.am_examples, "batch": args.am_batch,

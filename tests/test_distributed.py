@@ -60,14 +60,8 @@ def run_phase_a(rank: int, world: int, reduce, *, sharded_repulsion: bool = Fals
     pot = E.make_potential("riesz", s=1.0, eps=0.1)
     ham = E.Hamiltonian(E.LabelAlignment(feats), pot, lam=0.05, shard_pairs=sharded_repulsion)
     comm = None if reduce is None else E.Comm(reduce, rank, world)
-    full_batch = itertools.repeat(batches)  # every step sees all of this rank's batches
-
-    class _AllBatches:  # the driver hands the Hamiltonian [batch]; unpack the full batch list
-        def value_and_grad(self, w, bs, comm):
-            return ham.value_and_grad(w, bs[0], comm)
-
-    res = D.learn_particles(_AllBatches(), omega0, D.LangevinSchedule(steps=n_steps, eta=0.05,
-                                                                      beta=200.0),
+    full_batch = itertools.repeat(batches)  # every step streams all of this rank's batches
+    res = D.learn_particles(ham, omega0, D.LangevinSchedule(steps=n_steps, eta=0.05, beta=200.0),
                             full_batch, projection=D.Ball(3.0),
                             generator=torch_generator(dd.shared_seed(1234)), comm=comm)
     return res.omega, [t["energy"] for t in res.trace]

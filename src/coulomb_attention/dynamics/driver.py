@@ -142,8 +142,10 @@ def learn_particles(
         (:class:`~coulomb_attention.energy.Hamiltonian`)
     omega0 : Tensor, shape (N, d)   initial particles (projected first)
     schedule : LangevinSchedule
-    batches : iterator (or sequence, then cycled) yielding one batch per step; each step's
-        energy sees ``[batch]``. ``None``: the data term sees no batches (``[]``).
+    batches : iterator (or sequence, then cycled) yielding one item per step; a step's energy
+        sees ``[item]``, or the item itself when it is a ``list`` of batches (streamed together,
+        e.g. ``itertools.repeat(all_batches)`` for exact full-data steps). ``None``: the data
+        term sees no batches (``[]``).
     projection : ``omega -> (projected omega, on-boundary mask (N,))`` (Ball, Box, ...)
     generator : torch.Generator of the Langevin noise (same seed on every rank)
     comm : optional :class:`~coulomb_attention.energy.Comm`, the all-reduce hook
@@ -165,8 +167,8 @@ def learn_particles(
     normalizer = DriftNormalizer() if normalize_drift else None
 
     def energy_grad(omega, batch):
-        energy, grad, info = hamiltonian.value_and_grad(
-            omega, [] if batch is None else [batch], comm)
+        seen = [] if batch is None else batch if isinstance(batch, list) else [batch]
+        energy, grad, info = hamiltonian.value_and_grad(omega, seen, comm)
         if normalizer is not None:
             grad = normalizer(grad)
         return energy, grad, info
