@@ -37,7 +37,8 @@ LEVELS: dict[str, dict] = {
     "hard": {
         "task": {"vocab_size": 256, "n_pairs": 16, "seq_len": 80, "n_queries": 16},
         "model": {"vocab_size": 256, "max_len": 80, "dim": 64, "heads": 1, "mlp_dim": 128},
-        "train": {"epochs": 4, "lr": 6e-3},
+        # 4 epochs left exact softmax at 0.61 (still learning); 12 reach 0.977 (seed 0)
+        "train": {"epochs": 12, "lr": 6e-3},
         "warmup_epochs": 2, "n_train": 5000, "n_eval": 1000,
     },
 }
