@@ -42,14 +42,14 @@ def test_atomic_write_crash_keeps_previous_file(tmp_path, monkeypatch):
 def test_checkpoint_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     model = _tiny_model("elu")
     ckpt.save_checkpoint(tmp_path, "epoch-001", model, {"epoch": 1}, {"x": torch.ones(2)})
-    real = ckpt.save_file
+    real = ckpt.save_tensors
 
-    def crash_on_state(tensors, path, *a, **k):
-        if path.endswith("state.safetensors"):
+    def crash_on_state(path, tensors, *a, **k):
+        if str(path).endswith("state.safetensors"):
             raise OSError("simulated crash while writing state.safetensors")
-        return real(tensors, path, *a, **k)
+        return real(path, tensors, *a, **k)
 
-    monkeypatch.setattr(ckpt, "save_file", crash_on_state)
+    monkeypatch.setattr(ckpt, "save_tensors", crash_on_state)
     with pytest.raises(OSError, match="simulated crash"):
         ckpt.save_checkpoint(tmp_path, "epoch-002", model, {"epoch": 2}, {"x": torch.ones(2)})
     latest = ckpt.latest_checkpoint(tmp_path)

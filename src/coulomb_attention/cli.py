@@ -53,8 +53,20 @@ def _missing_optional(exc: BaseException) -> bool:
         not name.startswith("coulomb_attention")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` for flags with a real default; flags whose default is ``None``
+    (taken from a config) or a switch state their default in their own help."""
+
+    def _get_help_string(self, action):
+        help_ = action.help or ""
+        if action.default is None or action.default is False or "default" in help_ \
+                or not help_:
+            return help_
+        return super()._get_help_string(action)
+
+
 def _add(sub, name: str, module: str, help_: str) -> None:
-    parser = sub.add_parser(name, help=help_, description=help_)
+    parser = sub.add_parser(name, help=help_, description=help_, formatter_class=_HelpFormatter)
     mod = importlib.import_module(module)
     mod.add_arguments(parser)
     parser.set_defaults(_run=mod.run)

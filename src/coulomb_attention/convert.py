@@ -34,6 +34,7 @@ import torch
 
 from ._validation import check_choice, check_positive
 from .nn.attention import ATTENTION_FEATURES
+from .results import atomic_write_json, save_tensors
 from .train.distill import DistillConfig, distill_attention
 
 __all__ = [
@@ -253,18 +254,12 @@ def run_probes(model, tok, cfg: ConvertConfig, data_dir) -> dict[str, dict[str, 
 
 def _save_progress(state_dir: Path, model, next_layer: int, records, gen_state,
                    config: dict | None = None) -> None:
-    from safetensors.torch import save_file
-
-    state_dir.mkdir(parents=True, exist_ok=True)
-    omegas = {f"layer{i}": layer.omega.detach().cpu().contiguous()
+    omegas = {f"layer{i}": layer.omega
               for i, layer in enumerate(model.attention_layers) if layer.has_features}
-    save_file(omegas, str(state_dir / "omega.safetensors.tmp"))
-    os.replace(state_dir / "omega.safetensors.tmp", state_dir / "omega.safetensors")
-    torch.save(gen_state, state_dir / "generator.pt.tmp")
-    os.replace(state_dir / "generator.pt.tmp", state_dir / "generator.pt")
-    tmp = state_dir / "progress.json.tmp"
-    tmp.write_text(json.dumps({"next_layer": next_layer, "records": records, "config": config}))
-    os.replace(tmp, state_dir / "progress.json")
+    save_tensors(state_dir / "omega.safetensors", omegas)
+    save_tensors(state_dir / "generator.safetensors", {"state": gen_state})
+    atomic_write_json(state_dir / "progress.json",  # last: it names a complete state
+                      {"next_layer": next_layer, "records": records, "config": config})
 
 
 def _load_progress(state_dir: Path, model, config: dict | None = None) -> dict[str, Any] | None:
@@ -281,7 +276,7 @@ def _load_progress(state_dir: Path, model, config: dict | None = None) -> dict[s
         if f"layer{i}" in omegas:
             layer.load_features_(omegas[f"layer{i}"])
     return {"next_layer": prog["next_layer"], "records": prog["records"],
-            "generator_state": torch.load(state_dir / "generator.pt", weights_only=True)}
+            "generator_state": load_file(str(state_dir / "generator.safetensors"))["state"]}
 
 
 def _encode_texts(tok, texts, max_length):
@@ -373,9 +368,7 @@ def convert_encoder(
         result["probe"] = run_probes(model, tok, config, data_dir)
         result["eval_s"] = time.perf_counter() - t0
     result["total_s"] = time.perf_counter() - t_start
-    tmp = out / "result.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, out / "result.json")
+    atomic_write_json(out / "result.json", result)
     if (out / "state").is_dir():
         import shutil
 

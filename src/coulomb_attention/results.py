@@ -1,8 +1,13 @@
 """Result files, written one way: atomic JSON/text, fsync'd JSON-lines, and ``is_done``.
 
 * :func:`atomic_write_text` / :func:`atomic_write_json`: temporary file in the same directory,
-  fsync, ``os.replace``; a crash leaves the old file or the new one, never half of one.
+  fsync, ``os.replace``; a crash leaves the old file or the new one, never half of one. The
+  file gets the mode a plain ``open`` would give it (``0o666`` minus the umask), not the
+  private ``0o600`` of the temporary file (:func:`apply_umask`), so others on a shared file
+  system can read results as the umask allows.
   ``exclusive=True`` never replaces an existing file (first writer wins).
+* :func:`save_tensors`: a safetensors file, written the same way (temporary file, umask mode,
+  rename); never pickle, so loading it back runs no code.
 * :func:`append_jsonl`: one line per call with a single ``write`` + fsync (no half lines);
   :func:`read_jsonl` skips (and with ``repair`` cuts) a truncated last line.
 * :func:`is_done`: a run directory is done when its ``metrics.json`` exists *and* was written
@@ -22,16 +27,43 @@ from typing import Any
 __all__ = [
     "ConfigMismatchError",
     "append_jsonl",
+    "apply_umask",
     "atomic_write_json",
     "atomic_write_text",
     "config_diff",
+    "current_umask",
     "is_done",
     "read_jsonl",
+    "save_tensors",
 ]
 
 
 class ConfigMismatchError(ValueError):
     """A run directory holds results of another configuration."""
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where the OS allows (Linux
+    ``/proc/self/status``); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: str | os.PathLike, directory: bool | None = None) -> None:
+    """Give ``path`` the mode a plain ``open``/``mkdir`` would: ``0o666`` (files) or ``0o777``
+    (directories) minus the umask. For files and folders made by ``tempfile`` (always private,
+    0o600 / 0o700) before they are renamed into place."""
+    if directory is None:
+        directory = os.path.isdir(path)
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, exclusive: bool = False) -> bool:
@@ -45,6 +77,7 @@ def atomic_write_text(path: str | os.PathLike, text: str, exclusive: bool = Fals
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        apply_umask(tmp, directory=False)
         if not exclusive:
             os.replace(tmp, path)
             return True
@@ -60,6 +93,24 @@ def atomic_write_text(path: str | os.PathLike, text: str, exclusive: bool = Fals
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def save_tensors(path: str | os.PathLike, tensors: dict, metadata: dict | None = None) -> None:
+    """Write ``{name: tensor}`` as a safetensors file atomically, with the umask's mode
+    (safetensors itself creates files 0o600)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp),
+                  metadata=metadata)
+        apply_umask(tmp, directory=False)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def _check_finite_json(obj: Any, where: str = "") -> None:

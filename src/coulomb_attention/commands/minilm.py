@@ -88,7 +88,7 @@ def _compare(args) -> int:
                     print(f"[{task}/{attention}/{kernel}] reused {run_dir}")
                 else:
                     m = run_pipeline(cfg, run_dir, runtime, data_dir=args.data_dir,
-                                     resume=True)
+                                     resume="auto")
                 t = m["timings"]
                 rows.append({"task": task, "variant": f"{attention}:{kernel}",
                              **{k: m[k] for k in _KEYS}, "phase_a_s": t.get("phase_a_s", 0.0),

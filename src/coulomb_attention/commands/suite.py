@@ -86,7 +86,7 @@ def run_suite(args: argparse.Namespace, log=print) -> list[dict]:
                 t0 = time.perf_counter()
                 if args.rerun and (out / "ckpt").exists():
                     shutil.rmtree(out / "ckpt")  # checkpoints of the old configuration
-                run_pipeline(config, out, runtime, data_dir=args.data_dir, resume=True,
+                run_pipeline(config, out, runtime, data_dir=args.data_dir, resume="auto",
                              warmup_from=sibling if sibling.exists() else None, log=log)
                 row.update(status="done", wall_s=time.perf_counter() - t0)
                 rows.append(row)

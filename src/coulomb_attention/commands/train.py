@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from ..config import load_overrides
 from ..data import DATASETS
 from ..nn.attention import ATTENTION_FEATURES
 from ..train.loop import Runtime
-from ..train.run import OBJECTIVES, RunConfig, make_run_config
+from ..train.run import OBJECTIVES, SAMPLE_WARNING, RunConfig, make_run_config
 from ..train.run import run as run_pipeline
 
 __all__ = ["COMMON_FLAGS", "add_arguments", "add_common_arguments", "build_config", "run",
@@ -31,7 +32,7 @@ COMMON_FLAGS: dict[str, tuple[tuple[str, ...], type, str]] = {
     "encoder": (("encoder",), str, "scratch (default) or a pretrained encoder: minilm or a "
                 "BERT checkpoint directory (its weights, vocabulary and architecture)"),
     "objective": (("objective",), str, f"phase-A objective of a learned kernel: "
-                  f"{' or '.join(OBJECTIVES)} (default labels)"),
+                  f"{' or '.join(OBJECTIVES)} (default: labels)"),
     "epochs": (("train", "epochs"), int, "phase-B (fine-tuning) epochs"),
     "warmup_epochs": (("warmup_epochs",), int, "warm-up cross-entropy epochs"),
     "batch_size": (("train", "batch_size"), int, "training batch size"),
@@ -61,11 +62,24 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "samples); the real data: ../shared/data")
     parser.add_argument("--config", default=None, metavar="FILE.json",
                         help="JSON overrides of the run config (unknown keys raise)")
-    for name, (_, typ, help_) in COMMON_FLAGS.items():
-        parser.add_argument("--" + name.replace("_", "-"), type=typ, default=None, help=help_)
+    scratch, pretrained = make_run_config({}), make_run_config({"encoder": "minilm"})
+    for name, (path, typ, help_) in COMMON_FLAGS.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
+                            help=help_ if "default" in help_ else
+                            help_ + _default_text(path, scratch, pretrained))
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _default_text(path: tuple[str, ...], scratch: RunConfig, pretrained: RunConfig) -> str:
+    """`` (default: X)`` from the run config, with the pretrained preset where it differs."""
+    def get(cfg):
+        for part in path:
+            cfg = getattr(cfg, part)
+        return cfg
+    a, b = (("all" if v is None else v) for v in (get(scratch), get(pretrained)))
+    return f" (default: {a})" if a == b else f" (default: {a}; pretrained encoder: {b})"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,12 +87,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", default="favor",
                         help=f"one of {', '.join(sorted(ATTENTION_FEATURES))}")
     parser.add_argument("--kernel", default="learned", help="vanilla or learned")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the data order, init and features")
     parser.add_argument("--out", default=None,
                         help="output directory (default runs/train/TASK-ATTENTION-KERNEL-sSEED)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the checkpoints in --out")
+    parser.add_argument("--resume", nargs="?", const=True, default=False, type=_resume_mode,
+                        metavar="auto",
+                        help="continue from the checkpoints in --out (an --out that does not "
+                             "exist is an error); '--resume auto': resume if there is "
+                             "anything to resume, else start fresh")
     add_common_arguments(parser)
+
+
+def _resume_mode(text: str):
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"expected nothing or 'auto', got {text!r}")
+    return "auto"
 
 
 def build_config(args: argparse.Namespace, base: dict | None = None) -> RunConfig:
@@ -120,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     keys = ("accuracy", "mcc", "f1", "ece", "log_loss", "brier")
     if runtime.is_main:
         print(json.dumps({k: round(metrics[k], 4) for k in keys}))
+        if metrics.get("data_is_sample"):
+            print(SAMPLE_WARNING, file=sys.stderr)
     if not all(math.isfinite(metrics[k]) for k in keys):
         raise FloatingPointError("non-finite metrics")
     return 0

@@ -348,7 +348,7 @@ def save_bert_checkpoint(
     """
     import shutil
 
-    from safetensors.torch import save_file
+    from ..results import save_tensors
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
@@ -364,9 +364,7 @@ def save_bert_checkpoint(
     missing = sorted(set(inverse) - set(state))
     if missing:
         raise ValueError(f"state lacks {len(missing)} encoder tensors, e.g. {missing[:3]}")
-    tmp = out / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out / "model.safetensors")
+    save_tensors(out / "model.safetensors", tensors, metadata={"format": "pt"})
     cfg = dict(bert_config)
     if kernel is not None:
         cfg[KERNEL_KEY] = dict(kernel)

@@ -22,9 +22,15 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from ..results import _check_finite_json, atomic_write_json, atomic_write_text
+from ..results import (
+    _check_finite_json,
+    apply_umask,
+    atomic_write_json,
+    atomic_write_text,
+    save_tensors,
+)
 
 __all__ = [
     "atomic_write_json",
@@ -49,8 +55,8 @@ def _contiguous(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def save_model_file(path: str | os.PathLike, model: torch.nn.Module) -> None:
-    """Save ``model.state_dict()`` (buffers included) to a safetensors file."""
-    save_file(_contiguous(model.state_dict()), str(path))
+    """Save ``model.state_dict()`` (buffers included) to a safetensors file, atomically."""
+    save_tensors(path, _contiguous(model.state_dict()))
 
 
 def load_model_file(path: str | os.PathLike, model: torch.nn.Module) -> None:
@@ -131,8 +137,9 @@ def save_checkpoint(
     _check_finite_json(meta)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{name}-"))
     try:
+        apply_umask(tmp, directory=True)  # mkdtemp is private (0o700); honour the umask
         save_model_file(tmp / "model.safetensors", model)
-        save_file(_contiguous(tensors or {}), str(tmp / "state.safetensors"))
+        save_tensors(tmp / "state.safetensors", tensors or {})
         (tmp / "state.json").write_text(json.dumps(meta, indent=2, allow_nan=False) + "\n")
         final = root / name
         if final.exists():
@@ -185,10 +192,8 @@ def save_phase_a_partial(a_dir: str | os.PathLike, model: torch.nn.Module, next_
     """
     d = Path(a_dir) / f"layer-{next_layer:03d}"
     d.mkdir(parents=True, exist_ok=True)
-    save_model_file(d / "model.safetensors.tmp", model)
-    (d / "model.safetensors.tmp").replace(d / "model.safetensors")
-    save_file({"generator": generator_state.contiguous()}, str(d / "generator.safetensors.tmp"))
-    (d / "generator.safetensors.tmp").replace(d / "generator.safetensors")
+    save_model_file(d / "model.safetensors", model)
+    save_tensors(d / "generator.safetensors", {"generator": generator_state})
     atomic_write_json(Path(a_dir) / "partial.json", {"dir": d.name, "next_layer": next_layer,
                                                      "records": records, "time_s": time_s})
 

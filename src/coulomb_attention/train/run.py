@@ -55,10 +55,13 @@ __all__ = [
     "KERNELS",
     "OBJECTIVES",
     "PRETRAINED_PRESET",
+    "RESUME_MODES",
+    "SAMPLE_WARNING",
     "DataConfig",
     "RunConfig",
     "checkpoint_config",
     "make_run_config",
+    "resume_point",
     "run",
     "warmup_config",
 ]
@@ -345,8 +348,7 @@ def _phase_a(model, config: RunConfig, train_set: EncodedDataset, a_dir: Path,
     time_s = spent + time.perf_counter() - t0
     if runtime.is_main:
         a_dir.mkdir(parents=True, exist_ok=True)
-        save_model_file(a_dir / "model.safetensors.tmp", model)
-        (a_dir / "model.safetensors.tmp").replace(a_dir / "model.safetensors")
+        save_model_file(a_dir / "model.safetensors", model)
         atomic_write_json(a_dir / "alignment.json", {"alignment": records, "time_s": time_s})
     runtime.barrier()
     return records, time_s
@@ -377,13 +379,43 @@ def copy_warmup(src_run: Path, dst_run: Path, config: RunConfig) -> None:
 # ---------------------------------------------------------------------------- one run
 
 
+RESUME_MODES = (False, True, "auto")
+SAMPLE_WARNING = ("WARNING: no data directory given (--data-dir or $COULOMB_DATA_DIR): this run "
+                  "uses the SHIPPED SAMPLE (a few hundred rows, for smoke tests); its numbers "
+                  "are not results. Real data: --data-dir DIR (here ../shared/data) or "
+                  "--data-dir hf.")
+
+
+def resume_point(out: str | Path) -> str | None:
+    """Where a run in ``out`` would resume, in words (``"after warm-up epoch 2"``), or ``None``
+    when it holds nothing to resume from. The latest stage wins: fine-tune, phase A, warm-up."""
+    out, ckpt = Path(out), Path(out) / "ckpt"
+    done = " (finished: re-evaluates)" if (out / "metrics.json").is_file() else ""
+
+    def epoch_of(stage: str) -> str | None:
+        last = latest_checkpoint(ckpt / stage)
+        return None if last is None else str(
+            json.loads((last / "state.json").read_text()).get("epoch", "?"))
+
+    if (epoch := epoch_of("finetune")) is not None:
+        return f"after fine-tune epoch {epoch}{done}"
+    if (ckpt / "aligned" / "alignment.json").is_file():
+        return f"after phase A{done}"
+    if (ckpt / "aligned" / "partial.json").is_file():
+        meta = json.loads((ckpt / "aligned" / "partial.json").read_text())
+        return f"in phase A, {int(meta['next_layer'])} layer(s) aligned{done}"
+    if (epoch := epoch_of("warmup")) is not None:
+        return f"after warm-up epoch {epoch}{done}"
+    return None
+
+
 def run(
     config: RunConfig,
     out: str | Path,
     runtime: Runtime | None = None,
     *,
     data_dir=None,
-    resume: bool = False,
+    resume: bool | str = False,
     warmup_from: str | Path | None = None,
     log=print,
 ) -> dict[str, Any]:
@@ -395,8 +427,11 @@ def run(
     out : output directory
     runtime : loop runtime (device, progress bar, distribution); default one CPU process
     data_dir : see :func:`coulomb_attention.data.resolve_data_dir`
-    resume : continue from the checkpoints in ``out`` (without it, an ``out`` that already
-        holds checkpoints raises ``ValueError``)
+    resume : False, True or ``"auto"``. False: an ``out`` that already holds checkpoints raises
+        ``ValueError``. True: continue from the checkpoints in ``out``; an ``out`` that does not
+        exist raises ``FileNotFoundError`` (a mistyped folder is not silently a fresh run).
+        ``"auto"``: resume when there is something to resume, else start fresh. Either way
+        the log says which (``resuming OUT after ...`` / ``nothing to resume in OUT``).
     warmup_from : a run directory whose finished warm-up (same :func:`warmup_config`) is
         copied instead of recomputed
     log : one-line progress messages (rank 0 only)
@@ -411,11 +446,20 @@ def run(
     if not runtime.is_main:
         def log(*_args, **_kwargs):
             return None
+    if resume not in RESUME_MODES:
+        raise ValueError(f"resume must be one of {RESUME_MODES}, got {resume!r}")
     out = Path(out)
     ckpt_root = out / "ckpt"
     if ckpt_root.exists() and any(ckpt_root.iterdir()) and not resume:
         raise ValueError(f"{out} already holds checkpoints; pass --resume to continue or "
                          "choose another --out")
+    if resume is True and not out.is_dir():
+        raise FileNotFoundError(f"--resume: {out} does not exist, nothing to resume (check "
+                                "--out; drop --resume, or pass --resume auto, to start fresh)")
+    if resume:
+        point = resume_point(out)
+        log(f"resuming {out} {point}" if point else f"nothing to resume in {out}: starting "
+            "fresh")
     out.mkdir(parents=True, exist_ok=True)
     data_dir = resolve_data_dir(data_dir)
     t_start = time.perf_counter()
@@ -424,6 +468,14 @@ def run(
                       random_state=config.seed)
     ev = load_task(config.task, spec.eval_split, data_dir, limit=config.data.eval_limit,
                    random_state=0)
+    for what, limit, part in (("train_limit", config.data.train_limit, train),
+                              ("eval_limit", config.data.eval_limit, ev)):
+        if limit is not None and limit > len(part):
+            log(f"note: {what} {limit} is more than the {len(part)} rows of "
+                f"{config.task}/{part.split}: using all {len(part)}")
+    sample = train.is_sample or ev.is_sample
+    if sample:
+        log(SAMPLE_WARNING)
     adv = None
     if config.robust.advglue and spec.has_adversarial:
         with contextlib.suppress(FileNotFoundError):
@@ -503,8 +555,11 @@ def run(
         "n_eval": len(ev),
         "n_params": sum(p.numel() for p in model.parameters()),
         "n_trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "data_is_sample": bool(sample),
         "torch_threads": torch.get_num_threads(),
-        "world_size": runtime.world_size,
+        "world_size": runtime.world_size,  # processes (torchrun), one shard of data each
+        "batch_size_per_process": config.train.batch_size,
+        "global_batch_size": config.train.batch_size * runtime.world_size,
         "tokenizer": {"trainer": tokenizer.trainer, "vocab_size": tokenizer.vocab_size,
                       "fingerprint": tokenizer.meta.get("fingerprint")},
         "model_config": to_dict(model.config),
@@ -513,5 +568,6 @@ def run(
     if runtime.is_main:
         atomic_write_json(out / "metrics.json", metrics)
     log(f"[{name}] accuracy {result['accuracy']:.4f}  mcc {result['mcc']:.4f}  ece "
-        f"{result['ece']:.4f}  ({timings['total_s']:.0f} s) -> {out / 'metrics.json'}")
+        f"{result['ece']:.4f}  ({timings['total_s']:.0f} s) -> {out / 'metrics.json'}"
+        + ("  [SHIPPED SAMPLE: smoke test only, not a result]" if sample else ""))
     return metrics
