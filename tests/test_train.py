@@ -258,6 +258,10 @@ def test_suite_skips_finished_runs_and_report_builds(tmp_path):
     assert report._tokenizer_trainer(report.load_results(out)[0]) == HF_TRAINER
     text = report.build_report(out, plots=False).read_text()
     assert "Vocabulary: 1 of 2 runs trained it with HF's WordPieceTrainer" in text
+    # the run setup and the contribution line (no `none` runs here: not measured)
+    assert "Processes: 1; global batch: " in text and "torch threads: " in text
+    assert "Attention contribution: not measured" in text
+    assert "**SHIPPED SAMPLE: 2 of 2 run(s) used the small data samples" in text  # no --data-dir
     m, lo, hi, n = report.paired_difference([0.8, 0.9, 0.85], [0.7, 0.8, 0.8])
     assert n == 3 and m == pytest.approx(0.0833333) and lo < m < hi
 
@@ -281,18 +285,44 @@ def test_report_target_lines_say_where_targets_hold_and_where_not():
     assert "porf_softplus-learned vs porf_softplus-vanilla: no common seeds" in text
     # best learned 0.836 vs softmax 0.84: -0.4 points, within 1 point; ECE 0.0767 < 0.08.
     assert "best learned variant favor-learned: accuracy -0.40 points" in text
-    assert "(within 1 point), ECE -0.0033 (ahead of softmax)" in text
+    assert "(target at most 1 point behind: met), ECE -0.0033 (target lower than softmax: met)" \
+        in text
     assert "absolute target accuracy >= 0.83: best mean 0.8400 (softmax-vanilla): met" in text
     worse = {"softmax-vanilla": [_run(0.84, 0.08, 0)], "favor-learned": [_run(0.81, 0.09, 0)],
              "favor-vanilla": [_run(0.82, 0.07, 0)]}
     text = "\n".join(report.target_lines("rotten_tomatoes", worse))
     assert "accuracy behind (one pair)" in text and "ece behind (one pair)" in text
-    assert "NOT within 1 point" in text and "NOT ahead of softmax" in text
+    assert "(target at most 1 point behind: NOT met)" in text
+    assert "(target lower than softmax: NOT met)" in text
     assert "best mean 0.8400 (softmax-vanilla): met" in text
     text = "\n".join(report.target_lines("sst2", {"favor-vanilla": [_run(0.8, 0.1, 0)]}))
     assert "NOT met" in text and "no learned variant" in text
     assert "QQP target, best learned ahead of softmax in accuracy: NOT met" in "\n".join(
         report.target_lines("qqp", worse))
+
+
+def _write_run(root, task, att, seed, acc, **extra):
+    d = root / task / f"{att}-vanilla" / f"seed{seed}"
+    d.mkdir(parents=True)
+    row = {"task": task, "attention": att, "kernel": "vanilla", "seed": seed, "accuracy": acc,
+           "mcc": 0.0, "f1": 0.0, "ece": 0.1, "log_loss": 0.6, "brier": 0.4, **extra}
+    (d / "metrics.json").write_text(json.dumps(row))
+
+
+def test_report_prints_the_attention_contribution_and_sample_warning(tmp_path):
+    for seed, (sm, no) in enumerate([(0.80, 0.70), (0.82, 0.71), (0.81, 0.70)]):
+        _write_run(tmp_path, "easy", "softmax", seed, sm)
+        _write_run(tmp_path, "easy", "none", seed, no)
+    for seed, (sm, no) in enumerate([(0.80, 0.81), (0.82, 0.80), (0.81, 0.81)]):
+        _write_run(tmp_path, "flat", "softmax", seed, sm, data_is_sample=True)
+        _write_run(tmp_path, "flat", "none", seed, no)
+    text = report.build_report(tmp_path, plots=False).read_text()
+    easy, flat = text.split("## flat")[0].split("## easy")[1], text.split("## flat")[1]
+    assert "paired over 3 seed(s): +0.1067 [" in easy
+    assert "attention helps beyond seed noise: this task can rank kernels" in easy
+    assert "within noise: this task cannot rank attention kernels" in flat
+    assert "SHIPPED SAMPLE: 3 of 6 run(s)" in flat and "SHIPPED SAMPLE" not in easy
+    assert "Processes: - (not recorded)" in easy
 
 
 def test_checkpoints_written_before_a_config_key_existed_still_resume(tmp_path):

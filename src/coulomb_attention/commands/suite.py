@@ -26,10 +26,12 @@ from .train import add_common_arguments, build_config, setup_runtime
 
 __all__ = ["VARIANTS", "add_arguments", "run", "run_dir", "run_suite"]
 
-# (attention, kernel): the three particle maps with fixed and learned features, plus the
-# two references without particles.
+# (attention, kernel): the three particle maps with fixed and learned features, the two
+# references without particles, and the no-mixing control (``none``: the report's attention
+# contribution, softmax minus none, says whether a task can rank kernels at all).
 VARIANTS: tuple[tuple[str, str], ...] = (
     ("softmax", "vanilla"),
+    ("none", "vanilla"),
     ("elu", "vanilla"),
     ("favor", "vanilla"),
     ("favor", "learned"),
