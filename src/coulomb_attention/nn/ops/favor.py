@@ -189,33 +189,24 @@ def favor_attention(
     M = omega.shape[1]
     dt = _compute_dtype(v)
     shared = omega.shape[0] == 1
-    groups = B * H if shared else B
-    chunk_size = _chunk_size(chunk_size, default_chunk_size(groups, M))
+    chunk_size = _chunk_size(chunk_size, default_chunk_size(B * H, M))
     quadratic = use_quadratic(order, T, S, M, e, B * H)
     with _no_autocast(v):
         qq, kk, vv, om = (t.to(dt) for t in (q, k, v, omega))
         if quadratic:
             out = favor_attention_quadratic(qq, kk, vv, om, key_mask)
-        elif shared:
+        else:  # all batches and heads in one fused pass (per-head omega: one per group)
             mask = None
             if key_mask is not None:
                 mask = key_mask[:, None, :].expand(B, H, S).reshape(B * H, S)
+            w = om[0] if shared else om.unsqueeze(0).expand(B, H, M, d).reshape(B * H, M, d)
             out = _FavorFn.apply(
                 qq.reshape(B * H, T, d).contiguous(),
                 kk.reshape(B * H, S, d).contiguous(),
                 vv.reshape(B * H, S, e).contiguous(),
-                om[0],
+                w,
                 mask,
                 chunk_size,
             )
             out = out.view(B, H, T, e)
-        else:  # one omega per head: one fused call per head (B groups each)
-            outs = [
-                _FavorFn.apply(
-                    qq[:, h].contiguous(), kk[:, h].contiguous(), vv[:, h].contiguous(),
-                    om[h], key_mask, chunk_size,
-                )
-                for h in range(H)
-            ]
-            out = torch.stack(outs, dim=1)
     return out.to(v.dtype)

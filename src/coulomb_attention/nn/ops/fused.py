@@ -38,6 +38,18 @@ def _augment(x, *cols):
 
 
 
+def _per_group(w, G):
+    """``w`` as (G, M, d): one omega shared by the G groups (M, d) is expanded (a view), one
+    omega per group (G, M, d) is returned as is."""
+    return w if w.dim() == 3 else w.expand(G, *w.shape)
+
+
+def _add_dw(dw, x):
+    """Accumulate a per-group (G, M, d) gradient into ``dw``: summed over the groups when they
+    share one omega."""
+    dw += x if dw.dim() == 3 else x.sum(0)
+
+
 def _key_features(k_c, w, m_c, c, acc):
     """Exact-path key features of a chunk with an online max (the fallback of the fast path).
 
@@ -45,7 +57,7 @@ def _key_features(k_c, w, m_c, c, acc):
     seen so far, updated in place; the accumulators ``acc = (kv (G, M, e), ksum (G, 1, M))`` are
     rescaled to the new shift. Padded rows (``m_c`` False) get features exactly 0.
     """
-    a = k_c @ w.T  # (G, c, M)
+    a = k_c @ w.transpose(-1, -2)  # (G, c, M)
     half_sq = 0.5 * (k_c * k_c).sum(-1, keepdim=True)  # (G, c, 1)
     if m_c is not None:
         half_sq = half_sq.masked_fill(~m_c.unsqueeze(-1), math.inf)
@@ -62,7 +74,7 @@ def _key_pass_exact(k, v, w, key_mask, chunk):
     """``lse_m = log sum_s exp(a_sm)`` and ``kv_hat_m = sum_s softmax_s(a_sm) v_s`` with an
     online max per feature: finite for any norm. Returns (lse (G, M), kv_hat (G, M, e))."""
     G, S, e = v.shape
-    M = w.shape[0]
+    M = w.shape[-2]
     kv = v.new_zeros(G, M, e)
     ksum = v.new_zeros(G, 1, M)
     c = v.new_full((G, 1, M), -math.inf)
@@ -89,7 +101,7 @@ def _key_pass_fast(keys, v, half_k, rk, w, key_mask, chunk):
     below ``_UNDERFLOW`` (keys far from a particle, or no real key): the caller takes the exact
     path."""
     G, S = rk.shape
-    M = w.shape[0]
+    M = w.shape[-2]
     if key_mask is not None:
         r_max = torch.where(key_mask, rk, -math.inf).amax(-1, keepdim=True)
         r_min = torch.where(key_mask, rk, math.inf).amin(-1, keepdim=True)
@@ -97,10 +109,10 @@ def _key_pass_fast(keys, v, half_k, rk, w, key_mask, chunk):
             return None
     else:
         r_max, r_min = rk.amax(-1, keepdim=True), rk.amin(-1, keepdim=True)
-    wn = torch.linalg.vector_norm(w, dim=-1)  # (M,)
+    wn = torch.linalg.vector_norm(w, dim=-1)  # (M,) or (G, M)
     rs = torch.minimum(torch.maximum(wn, r_min), r_max)  # (G, M)
     c = rs * wn - 0.5 * rs * rs
-    wk = _augment(w.expand(G, *w.shape), 1.0, -c).mul_(_LOG2E).transpose(1, 2)
+    wk = _augment(_per_group(w, G), 1.0, -c).mul_(_LOG2E).transpose(1, 2)
     kv = w.new_zeros(G, M, v.shape[-1])
     ksum = w.new_zeros(G, M)
     blocks = _Blocks(w, "key", G * min(chunk, S) * M)
@@ -126,7 +138,9 @@ def _query_shift_bound(rq, w, lse, knots: int = 16):
     lo, hi = rq.amin(-1, keepdim=True), rq.amax(-1, keepdim=True)  # (G, 1)
     h = (hi - lo).clamp_min(1e-6) / (knots - 1)
     grid = lo + h * torch.arange(knots, dtype=rq.dtype, device=rq.device)  # (G, knots)
-    f = (grid[:, :, None] * torch.linalg.vector_norm(w, dim=-1) + lse[:, None, :]).amax(-1)
+    wn = torch.linalg.vector_norm(w, dim=-1)  # (M,) or (G, M)
+    wn = wn[:, None, :] if wn.dim() == 2 else wn
+    f = (grid[:, :, None] * wn + lse[:, None, :]).amax(-1)
     f = torch.where(torch.isfinite(f), f, 0.0)
     x = (rq - lo) / h
     j = x.floor().clamp_(0, knots - 2)
@@ -139,7 +153,7 @@ def _query_weights(w, lse):
     ``_NEG``: with ``[q, 1, -s_t]`` the matmul gives ``log2(e) (q . w_m + lse_m - s_t)``, whose
     ``exp2`` is the query feature times the key normaliser."""
     G, M = lse.shape
-    wq = w.new_empty(G, M, w.shape[1] + 2)
+    wq = w.new_empty(G, M, w.shape[-1] + 2)
     wq[..., :-2] = w
     wq[..., -2] = torch.where(torch.isfinite(lse), lse, _NEG)
     wq[..., -1] = 1.0
@@ -158,7 +172,9 @@ def _query_features_exact(q_c, wq):
 class _FavorFn(torch.autograd.Function):
     """FAVOR+ attention in chunks along the sequence, with a recomputing backward.
 
-    Inputs are (G, L, *) contiguous tensors with G = B * H sharing one omega ``w`` (M, d).
+    Inputs are (G, L, *) contiguous tensors with G = B * H, and omega ``w``: (M, d) shared by
+    all groups, or (G, M, d) one per group (per-head particles, all heads in one batched
+    pass; the gradient is then per group).
 
     Forward: per feature m, ``lse_m = log sum_s exp(a_sm)`` with ``a = log_positive(k, w)``
     and ``kv_hat_m = sum_s softmax_s(a_sm) v_s`` (weighted means); per query
@@ -196,7 +212,7 @@ class _FavorFn(torch.autograd.Function):
         queries = _Rows(q, chunk, [1.0, None], slot="rows_q")
         out = v.new_empty(G, T, e)
         den = v.new_empty(G, T, 1)
-        M, c_max = w.shape[0], min(chunk, T)
+        M, c_max = w.shape[-2], min(chunk, T)
         blocks = _Blocks(v, "fwd", G * c_max * M, G * c_max * e)  # the division writes out
         for t0, t1 in _chunks(T, chunk):
             p = torch.bmm(queries(t0, t1, [(1, -shift[:, t0:t1])]), wq,
@@ -232,7 +248,8 @@ class _FavorFn(torch.autograd.Function):
         dw = torch.zeros_like(w) if need_w else None
         queries = _Rows(q, chunk, [1.0, None], slot="rows_q")
         # Reused contiguous blocks (see _Blocks): features, their gradients, matmul outputs.
-        M, d = w.shape
+        M, d = w.shape[-2:]
+        wg = _per_group(w, G)
         n = G * min(chunk, max(T, S))
         blocks = _Blocks(w, "bwd", n * M, n * M, n * (e + 1), n * (d + 1))
         for t0, t1 in _chunks(T, chunk):
@@ -249,15 +266,15 @@ class _FavorFn(torch.autograd.Function):
                 if need_q:
                     # The -q rowsum(da) term of log_positive's derivative is exactly 0 here:
                     # a per-row factor of phi(q) cancels in the ratio.
-                    dq[:, t0:t1] = torch.bmm(da, w.expand(G, M, d), out=blocks(3, G, c, d))
+                    dq[:, t0:t1] = torch.bmm(da, wg, out=blocks(3, G, c, d))
                 if need_w:
-                    dw += torch.bmm(da.transpose(1, 2), q[:, t0:t1]).sum(0)
+                    _add_dw(dw, torch.bmm(da.transpose(1, 2), q[:, t0:t1]))
         dk = torch.empty_like(k) if need_k else None
         dv = torch.empty_like(v) if need_v else None
         if need_k or need_v or need_w:
             # Softmax over keys per feature, exp(a_sm - lse_m): [k, -|k|^2/2, 1] times
             # [w, 1, -lse]; a feature without real keys (lse = -inf) gives 0.
-            wk = _augment(w.expand(G, *w.shape), 1.0, torch.where(
+            wk = _augment(wg, 1.0, torch.where(
                 torch.isfinite(lse), -lse, -_NEG)).mul_(_LOG2E).transpose(1, 2)
             dkv = dkv1[..., :-1]
             w1 = _augment(w, 1.0).expand(G, M, d + 1)  # [w, 1]: da @ w1 = [da @ w, rowsum(da)]
@@ -278,5 +295,5 @@ class _FavorFn(torch.autograd.Function):
                         torch.addcmul(x[..., :-1], k_c, x[..., -1:], value=-1.0,
                                       out=dk[:, s0:s1])
                     if need_w:
-                        dw += torch.bmm(da.transpose(1, 2), k_c).sum(0)
+                        _add_dw(dw, torch.bmm(da.transpose(1, 2), k_c))
         return dq, dk, dv, dw, None, None
