@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..reports.transformer import build_report
-
 __all__ = ["add_arguments", "run"]
 
 
@@ -21,6 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..reports.transformer import build_report  # numpy, scipy: not needed for --help
+
     path = build_report(args.results, plots=not args.no_plots)
     print(f"report: {path}")
     return 0
