@@ -394,10 +394,11 @@ def build_report(results: str | Path, plots: bool = True) -> Path:
         variants = by_task[task]
         any_run = next(iter(variants.values()))[0]
         lines += [f"## {task}", "",
-                  f"Evaluation split: `{any_run.get('eval_split')}` "
-                  f"({any_run.get('n_eval')} examples; {any_run.get('eval_description', '')}), "
-                  f"training split `{any_run.get('train_split')}` "
-                  f"({any_run.get('n_train')} examples"
+                  f"Evaluation split: `{any_run.get('eval_split', '?')}` "
+                  f"({any_run.get('n_eval', '?')} examples; "
+                  f"{any_run.get('eval_description', '')}), "
+                  f"training split `{any_run.get('train_split', '?')}` "
+                  f"({any_run.get('n_train', '?')} examples"
                   + (", a seeded random subset" if any_run.get("config", {}).get("data", {})
                      .get("train_limit") else "") + ")."
                   + _embeddings_note(variants) + _tokenizer_note(variants)
