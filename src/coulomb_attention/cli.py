@@ -59,16 +59,19 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         help_ = action.help or ""
-        if action.default is None or action.default is False or "default" in help_ \
-                or not help_:
+        if action.default is None or action.default is False or \
+                action.default == argparse.SUPPRESS or "default" in help_:
             return help_
-        return super()._get_help_string(action)
+        return (help_ + " " if help_ else "") + "(default: %(default)s)"
 
 
 def _add(sub, name: str, module: str, help_: str) -> None:
     parser = sub.add_parser(name, help=help_, description=help_, formatter_class=_HelpFormatter)
     mod = importlib.import_module(module)
     mod.add_arguments(parser)
+    for action in parser._actions:  # a flag without help text still shows its default
+        if action.help is None and action.default not in (None, False, argparse.SUPPRESS):
+            action.help = "(default: %(default)s)"
     parser.set_defaults(_run=mod.run)
 
 
