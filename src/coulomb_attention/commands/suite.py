@@ -103,7 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
     parser.add_argument("--variants", default=None,
                         help=f"comma-separated ATTENTION-KERNEL names (default: all "
-                             f"{len(VARIANTS)}: " + ", ".join(f"{a}-{k}" for a, k in VARIANTS) + ")")
+                             f"{len(VARIANTS)}: "
+                             + ", ".join(f"{a}-{k}" for a, k in VARIANTS) + ")")
     parser.add_argument("--out", default="runs/suite", help="results directory")
     parser.add_argument("--rerun", action="store_true",
                         help="re-run finished runs whose stored configuration differs "
