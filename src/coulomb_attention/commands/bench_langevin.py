@@ -4,9 +4,12 @@ One step of the core dynamics (``learn_particles`` on the core ``Hamiltonian``: 
 alignment of an rff kernel on a batch of ``n`` points in ``d`` dimensions, Riesz repulsion,
 ball projection, finite beta) for ``N`` particles. Its cost is ``O(n N d + n N^2)`` for the
 alignment statistics (``Phi^T Phi``) plus ``O(N^2 d)`` for the pair energy: linear in ``n``.
-For each N the table gives the time per step at each n and the slope of
-``log time`` versus ``log n`` fitted by least squares (1 = linear), and the slope in N at the
-largest n.
+For each N the table gives the time per step at each n, the slope of ``log time`` versus
+``log n`` fitted by least squares over all n (1 = linear), the local slope between the two
+largest n, and the slope in N at the largest n. The time of a cell (N, n) is the median of
+all its timed steps over ``--rounds`` rounds interleaved over the cells, each round at least
+``--repeats`` steps after a warm-up step and at least 0.5 s of them: with the minimum of 2
+steps (the old default) two quiet ``--quick`` runs gave 1024->4096 slopes of 0.73 and 1.19.
 
 Writes ``langevin_step.csv``, ``langevin_step.json`` and ``langevin_step.png`` under ``--out``
 (default ``runs/bench_langevin``).
@@ -22,31 +25,56 @@ import math
 import platform
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from ..dynamics import Ball, LangevinSchedule, learn_particles
-from ..energy import Hamiltonian, LabelAlignment, encode_labels, make_potential
-from ..features import draw_bias, feature_fn, sample
 from ..results import atomic_write_text
 
+if TYPE_CHECKING:  # torch is imported where used: a fast ``--help``
+    import torch
+
 __all__ = ["add_arguments", "run", "time_step"]
+
+# Each cell (N, n) is timed in --rounds rounds, interleaved over the cells (a load change on a
+# shared machine then hits every cell alike, not one cell's whole measurement); a round times
+# at least --repeats consecutive steps, and at least MIN_ROUND_SECONDS of them (a 2 ms cell
+# gets ~250 steps a round). The reported time is the median over all timed steps of a cell.
+DEFAULT_REPEATS = 3
+DEFAULT_ROUNDS = 5
+MIN_ROUND_SECONDS = 0.5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/bench_langevin", help="output directory")
-    parser.add_argument("--quick", action="store_true", help="N <= 1024 only (about 1 min idle)")
+    parser.add_argument("--quick", action="store_true", help="N <= 1024 only")
     parser.add_argument("--N", type=int, nargs="+", help="numbers of particles")
     parser.add_argument("--n", type=int, nargs="+", help="batch sizes (data points per step)")
     parser.add_argument("--d", type=int, default=16, help="input dimension")
-    parser.add_argument("--repeats", type=int, default=2, help="timed steps (min is reported)")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                        help=f"timed steps per cell and round, at least (cheap cells repeat "
+                        f"until {MIN_ROUND_SECONDS:g} s; default {DEFAULT_REPEATS})")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help=f"rounds over all cells; the median of all of a cell's timed "
+                        f"steps is reported (default {DEFAULT_ROUNDS})")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
 
 
-def time_step(N: int, n: int, d: int, repeats: int, dtype: torch.dtype, seed: int = 0) -> float:
-    """Minimum wall time (s) of one Langevin step over ``repeats`` steps (after a warm-up)."""
+class _Enough(Exception):
+    """Raised by the timing callback to end the Langevin run early."""
+
+
+def step_times(N: int, n: int, d: int, repeats: int, dtype: torch.dtype, seed: int = 0,
+               min_seconds: float = 0.0) -> list[float]:
+    """Wall times (s) of consecutive Langevin steps after one warm-up step: ``repeats`` steps,
+    or more until they add up to ``min_seconds``."""
+    import torch
+
+    from ..dynamics import Ball, LangevinSchedule, learn_particles
+    from ..energy import Hamiltonian, LabelAlignment, encode_labels, make_potential
+    from ..features import draw_bias, feature_fn, sample
+
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=gen, dtype=dtype)
     y = (x[:, 0] * x[:, 1] > 0).long().numpy()
@@ -61,12 +89,22 @@ def time_step(N: int, n: int, d: int, repeats: int, dtype: torch.dtype, seed: in
         now = time.perf_counter()
         if state.step > 1:  # the first step is the warm-up
             times.append(now - last["t"])
+            if len(times) >= repeats and sum(times) >= min_seconds:
+                raise _Enough
         last["t"] = now
 
     last["t"] = time.perf_counter()
-    learn_particles(ham, omega, LangevinSchedule(steps=repeats + 1, eta=1e-3, beta=1e4),
-                    [(x, Y)], projection=Ball(3.0), generator=gen, callbacks=[clock])
-    return min(times)
+    try:
+        learn_particles(ham, omega, LangevinSchedule(steps=10**9, eta=1e-3, beta=1e4),
+                        [(x, Y)], projection=Ball(3.0), generator=gen, callbacks=[clock])
+    except _Enough:
+        pass
+    return times
+
+
+def time_step(N: int, n: int, d: int, repeats: int, dtype: torch.dtype, seed: int = 0) -> float:
+    """Median wall time (s) of one Langevin step over ``repeats`` steps (after a warm-up)."""
+    return float(np.median(step_times(N, n, d, repeats, dtype, seed)))
 
 
 def _slope(xs, ys) -> float:
@@ -82,18 +120,29 @@ def run(args: argparse.Namespace) -> int:
     for name, vals in (("--N", Ns), ("--n", ns)):
         if any(v < 2 for v in vals):
             raise ValueError(f"{name} values must be >= 2, got {vals}")
+    rounds = getattr(args, "rounds", DEFAULT_ROUNDS)
     if args.d < 1 or args.repeats < 1 or args.threads < 1:
         raise ValueError("--d, --repeats and --threads must be >= 1")
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    import torch
+
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for N in Ns:
-        for n in ns:
-            t = time_step(N, n, args.d, args.repeats, dtype)
-            rows.append({"N": N, "n": n, "d": args.d, "seconds": t})
-            print(f"N={N:<5} n={n:<6} {1e3 * t:9.2f} ms/step", flush=True)
+    cells = [(N, n) for N in Ns for n in ns]
+    steps: dict[tuple[int, int], list[float]] = {c: [] for c in cells}
+    for r in range(rounds):
+        for N, n in cells:
+            ts = step_times(N, n, args.d, args.repeats, dtype, min_seconds=MIN_ROUND_SECONDS)
+            steps[N, n] += ts
+            print(f"round {r + 1}/{rounds} N={N:<5} n={n:<6} {1e3 * np.median(ts):9.2f} ms/step "
+                  f"(median of {len(ts)})", flush=True)
+    rows = [{"N": N, "n": n, "d": args.d, "seconds": float(np.median(steps[N, n])),
+             "steps": len(steps[N, n]),
+             "iqr_seconds": [float(q) for q in np.percentile(steps[N, n], [25, 75])]}
+            for N, n in cells]
     slopes_n = {N: _slope(ns, [r["seconds"] for r in rows if r["N"] == N]) for N in Ns}
     # the n-independent O(N^2 d) part flattens the small-n end: also report the local slope
     # between the two largest n, which tends to 1 for a cost linear in n
@@ -124,18 +173,23 @@ def run(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "threads": args.threads,
         "repeats": args.repeats,
+        "rounds": rounds,
+        "min_round_seconds": MIN_ROUND_SECONDS,
+        "statistic": "median",
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
     }
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=["N", "n", "d", "seconds"])
+    w = csv.DictWriter(buf, fieldnames=["N", "n", "d", "seconds", "steps"])
     w.writeheader()
-    w.writerows(rows)
+    w.writerows({k: r[k] for k in ("N", "n", "d", "seconds", "steps")} for r in rows)
     atomic_write_text(out / "langevin_step.csv", buf.getvalue())
     result = {
         "meta": meta,
         "rows": rows,
         "slope_in_n": {str(k): v for k, v in slopes_n.items()},
+        "slope_in_n_top": {str(k): v for k, v in slopes_top.items()},
+        "slope_in_n_top_range": top,
         "slope_in_N_at_max_n": slope_N,
         "table_md": table,
     }
@@ -158,8 +212,11 @@ def plot(json_path: Path, png_path: Path) -> None:
         rs = sorted((r for r in rows if r["N"] == N), key=lambda r: r["n"])
         ns = np.array([r["n"] for r in rs], float)
         ts = np.array([r["seconds"] for r in rs])
-        top = res.get("slope_in_n_top", res["slope_in_n"])[str(N)]
-        ax.loglog(ns, 1e3 * ts, "o-", label=f"N={N} (slope {top:.2f} at large n)")
+        label = f"N={N}: slope {res['slope_in_n'][str(N)]:.2f} over all n"
+        if "slope_in_n_top" in res and len(ns) > 2:  # files of older versions lack it
+            lo, hi = res["slope_in_n_top_range"]
+            label += f", {res['slope_in_n_top'][str(N)]:.2f} from {lo} to {hi}"
+        ax.loglog(ns, 1e3 * ts, "o-", label=label)
     ns = np.array(sorted({r["n"] for r in rows}), float)
     t0 = min(r["seconds"] for r in rows if r["n"] == ns[0])
     ax.loglog(ns, 1e3 * t0 * ns / ns[0], "k:", label="linear in n")
@@ -168,10 +225,15 @@ def plot(json_path: Path, png_path: Path) -> None:
     ax.set_xlabel("n (data points per step)")
     ax.set_ylabel("ms per Langevin step")
     meta = res["meta"]
+    stat = (f"median over {meta['rounds']} rounds" if "rounds" in meta
+            else f"min of {meta['repeats']}")
     ax.set_title(
-        f"one projected Langevin step (d={meta['d']}, {meta['dtype']}, {meta['threads']} threads)"
+        f"one projected Langevin step (d={meta['d']}, {meta['dtype']}, "
+        f"{meta['threads']} thread{'s' if meta['threads'] != 1 else ''}, {stat})", fontsize=9
     )
-    ax.legend(fontsize=8)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi * (hi / lo) ** 0.4)  # head room: the legend above the lines
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
