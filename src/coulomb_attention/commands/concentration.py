@@ -36,7 +36,6 @@ import numpy as np
 
 from ..config import load_overrides, override, to_dict
 from ..results import atomic_write_text
-from .synthetic_tasks import TASKS, make_task
 
 __all__ = [
     "ConcentrationConfig",
@@ -67,6 +66,8 @@ class ConcentrationConfig:
     particles: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from .synthetic_tasks import TASKS  # imports torch: not at module level (fast --help)
+
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; valid: {', '.join(sorted(TASKS))}")
         for name in ("budgets", "betas"):
@@ -139,6 +140,8 @@ def loglog_slope(x, y) -> float:
 
 
 def _data(cfg: ConcentrationConfig):
+    from .synthetic_tasks import make_task
+
     task = make_task(cfg.task, cfg.n_train, cfg.n_probe, cfg.d, 0.0, random_state=cfg.data_seed)
     return task.X_train, task.y_train, task.X_test  # the probe set: n_probe test points
 
@@ -253,6 +256,32 @@ def to_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _label_log_axis(axis, lo: float, hi: float) -> None:
+    """At least three labelled ticks, in plain numbers, on a log ``axis`` spanning ``[lo, hi]``.
+
+    matplotlib labels only powers of ten, so a range inside one decade (a spread of 0.4-1)
+    had one label or none. Use the sparsest of 1, 1-2-5, 1-2-3-5-7, 1-9 (times powers of ten)
+    that gives three ticks spread over the range, else five rounded values evenly spaced in
+    log.
+    """
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    lo, hi = min(lo, hi), max(lo, hi)
+    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+    for subs in ((1,), (1, 2, 5), (1, 2, 3, 5, 7), range(1, 10)):
+        ticks = [m * 10.0**k for k in decades for m in subs if lo <= m * 10.0**k <= hi]
+        if len(ticks) >= 3 and ticks[-1] / ticks[0] >= (hi / lo) ** 0.4:  # not bunched
+            break
+    else:  # less than a 1-2 step: rounded values, with as many digits as it takes
+        for digits in range(2, 7):
+            ticks = sorted({float(f"{v:.{digits}g}") for v in np.geomspace(lo, hi, 7)[1:-1]})
+            if len(ticks) >= 3:
+                break
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def plot(res: dict, path: Path) -> None:
     from ..reports import pyplot
 
@@ -263,11 +292,14 @@ def plot(res: dict, path: Path) -> None:
     ax = axes[0]
     for kind, color in (("particles", "tab:red"), ("fixed", "tab:blue")):
         rs = [r for r in res["rows"] if r["sweep"] == "N" and r["kind"] == kind]
-        ax.loglog([r["N"] for r in rs], [r["spread"] for r in rs], "o-", color=color, base=2,
+        ax.loglog([r["N"] for r in rs], [r["spread"] for r in rs], "o-", color=color,
                   label=f"{kind} (slope {s[f'{kind}_vs_N']:+.2f})")
     ns = np.array(res["config"]["budgets"], float)
     rs = [r for r in res["rows"] if r["sweep"] == "N" and r["kind"] == "fixed"]
-    ax.loglog(ns, rs[0]["spread"] * (ns / ns[0]) ** -0.5, "k:", base=2, label="N^-1/2")
+    ax.loglog(ns, rs[0]["spread"] * (ns / ns[0]) ** -0.5, "k:", label="N^-1/2")
+    ax.set_xticks(ns, [str(int(v)) for v in ns])
+    ax.xaxis.set_minor_locator(plt.NullLocator())
+    _label_log_axis(ax.yaxis, *ax.get_ylim())
     ax.set_xlabel("N")
     ax.set_ylabel("kernel spread across seeds")
     ax.set_title(f"vs N (beta={res['config']['beta_for_n']:g})", fontsize=9)
@@ -276,7 +308,9 @@ def plot(res: dict, path: Path) -> None:
     rs = [r for r in res["rows"] if r["sweep"] == "beta"]
     ax.loglog([r["beta"] for r in rs], [r["spread"] for r in rs], "o-", color="tab:red",
               label=f"particles (slope {s['particles_vs_beta']:+.2f})")
+    _label_log_axis(ax.yaxis, *ax.get_ylim())
     ax.set_xlabel("beta")
+    ax.set_ylabel("kernel spread across seeds")
     ax.set_title(f"vs beta (N={res['config']['n_for_beta']})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -34,30 +34,16 @@ import math
 import platform
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from .._validation import check_nonnegative, check_positive
-from ..dynamics import Box, LangevinSchedule, learn_particles
-from ..energy import POTENTIALS, make_potential
-from ..meanfield import (
-    DATA_FEATURES,
-    DataPotential,
-    Grid,
-    GridInteraction,
-    free_energy,
-    gaussian_density,
-    integrate,
-    loglog_slope,
-    make_dataset,
-    mckean_vlasov,
-    mmd_to_grid_density,
-    particle_hamiltonian,
-    sample_density,
-    w1_to_grid_density,
-)
 from ..results import append_jsonl, atomic_write_text
+
+if TYPE_CHECKING:  # torch and the solvers are imported where used: a fast ``--help``
+    import torch
+
+    from ..meanfield import Grid
 
 __all__ = ["add_arguments", "run", "plot"]
 
@@ -108,6 +94,10 @@ def _parse_ns(text: str | None, quick: bool) -> list[int]:
 
 
 def _validate(args) -> dict:
+    from .._validation import check_nonnegative, check_positive
+    from ..energy import POTENTIALS
+    from ..meanfield import DATA_FEATURES
+
     if args.dim not in (1, 2):
         raise ValueError(f"--dim must be 1 or 2, got {args.dim}")
     check_positive("--beta", args.beta)
@@ -149,6 +139,9 @@ def _validate(args) -> dict:
 
 
 def _setup(cfg: dict, n_cells: int):
+    from ..energy import make_potential
+    from ..meanfield import DataPotential, Grid, GridInteraction, gaussian_density, make_dataset
+
     grid = Grid(cfg["dim"], cfg["half_width"], n_cells)
     x, y = make_dataset(cfg["dim"])
     pot = DataPotential(x, y, feature=cfg["feature"])
@@ -160,6 +153,8 @@ def _setup(cfg: dict, n_cells: int):
 
 
 def _distances(cfg: dict, grid: Grid, rho, omega: torch.Tensor) -> dict:
+    from ..meanfield import Grid, mmd_to_grid_density, w1_to_grid_density
+
     om = omega.detach().double()
     if grid.dim == 1:
         w1 = w1_to_grid_density(grid, rho, om)
@@ -174,6 +169,10 @@ def _distances(cfg: dict, grid: Grid, rho, omega: torch.Tensor) -> dict:
 
 def _coarse_grid_check(cfg: dict, fine_rho: torch.Tensor) -> dict:
     """PDE at t_final on a grid of half the resolution vs the fine solution aggregated."""
+    import torch
+
+    from ..meanfield import integrate, mckean_vlasov
+
     n = cfg["grid"]
     if n % 2 or n < 8:
         return {}
@@ -193,6 +192,18 @@ def _coarse_grid_check(cfg: dict, fine_rho: torch.Tensor) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     cfg = _validate(args)
+    import torch
+
+    from ..dynamics import Box, LangevinSchedule, learn_particles
+    from ..meanfield import (
+        free_energy,
+        integrate,
+        loglog_slope,
+        mckean_vlasov,
+        particle_hamiltonian,
+        sample_density,
+    )
+
     torch.set_num_threads(cfg["threads"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -404,17 +415,28 @@ def plot(out: str | Path) -> None:
         np.atleast_1d(axes)[0].legend(fontsize=8)
         np.atleast_1d(axes)[0].set_ylabel("density")
     else:
-        fig, axes = plt.subplots(2, len(times), figsize=(3.0 * len(times), 6))
+        # one colour scale per time (column): the PDE's maximum; a colour bar under each
+        # column (a histogram above that maximum is clipped: the bar then has an arrow)
+        fig, axes = plt.subplots(2, len(times), figsize=(3.0 * len(times), 7.2),
+                                 squeeze=False, layout="constrained")
         for i, t in enumerate(times):
             rho = snap[f"rho_t{i}"]
             vmax = rho.max()
-            axes[0, i].imshow(rho.T, origin="lower", extent=(-R, R, -R, R), vmin=0, vmax=vmax)
+            im = axes[0, i].imshow(rho.T, origin="lower", extent=(-R, R, -R, R), vmin=0,
+                                   vmax=vmax)
             axes[0, i].set_title(f"PDE t = {t:.3g}")
             h, _, _ = np.histogram2d(*snap[f"particles_t{i}"].T, bins=min(16, n),
                                      range=[[-R, R], [-R, R]], density=True)
             axes[1, i].imshow(h.T, origin="lower", extent=(-R, R, -R, R), vmin=0, vmax=vmax)
             axes[1, i].set_title(f"particles N={n_max}")
-    fig.tight_layout()
+            axes[1, i].set_xlabel("omega_0")
+            fig.colorbar(im, ax=axes[:, i], location="bottom", shrink=0.9,
+                         extend="max" if h.max() > vmax else "neither",
+                         label=f"density at t = {t:.3g}")
+        axes[0, 0].set_ylabel("omega_1")
+        axes[1, 0].set_ylabel("omega_1")
+    if cfg["dim"] == 1:
+        fig.tight_layout()
     fig.savefig(out / "densities.png", dpi=110)
     plt.close(fig)
 
