@@ -17,7 +17,7 @@ from helpers import rel_err
 
 MAPS = tuple(ATTENTION_FEATURES)
 RANDOM_MAPS = ("favor", "porf_softplus", "softmax_feat")
-LIN = "linear"  # the fused, chunked association order (the default picks by cost)
+LIN = "chunked"  # the fused, chunked linear order (the default picks by cost)
 
 
 def _gen(seed=0):
@@ -627,7 +627,7 @@ def test_causal_bad_inputs():
 # ----------------------------------------------------------------------------- association order
 
 
-ORDERS = ("quadratic", "linear")
+ORDERS = ("quadratic", "linear", "chunked")
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -729,9 +729,12 @@ def test_order_is_picked_by_cost_and_overridable(monkeypatch):
 
     calls = []
     real_quad, real_lin = FV.favor_attention_quadratic, FV._FavorFn.apply
+    real_short = FV.favor_attention_linear_short
     monkeypatch.setattr(FV, "favor_attention_quadratic",
                         lambda *a, **kw: calls.append("quadratic") or real_quad(*a, **kw))
-    monkeypatch.setattr(FV._FavorFn, "apply", lambda *a: calls.append("linear") or real_lin(*a))
+    monkeypatch.setattr(FV, "favor_attention_linear_short",
+                        lambda *a, **kw: calls.append("unchunked") or real_short(*a, **kw))
+    monkeypatch.setattr(FV._FavorFn, "apply", lambda *a: calls.append("chunked") or real_lin(*a))
     omega = torch.randn(1, 16, 8, generator=_gen(5), dtype=torch.float64)
 
     def run(T, **kw):
@@ -741,23 +744,38 @@ def test_order_is_picked_by_cost_and_overridable(monkeypatch):
         assert rel_err(out, AF.naive_favor_attention(q, k, v, omega)) < 1e-12
         return calls[-1]
 
-    # the cost rule: T S (M + e) <= ratio (T + S) M (e + 1) + overhead (here 0), one group
+    M, e = 16, 8
+    # unchunked linear order (small features): T S (M + e) <= (T + S) M (e + 1), no overhead
+    L_cross = 2 * AF.UNCHUNKED_COST_RATIO * M * (e + 1) / (M + e)
+    short, long = int(L_cross) // 2, int(L_cross) * 2
+    assert AF.linear_is_unchunked(long, long, M)
+    assert AF.quadratic_is_cheaper(short, short, M, e)
+    assert not AF.quadratic_is_cheaper(long, long, M, e)
+    assert run(short) == "quadratic" and run(long) == "unchunked"
+    assert run(short, order="linear") == "unchunked"
+    assert run(short, order="chunked") == "chunked"
+    assert run(long, order="quadratic") == "quadratic"
+    # the features too large to keep: the chunked path, with its own measured constants
+    monkeypatch.setattr(FV, "UNCHUNKED_MAX_FEATURES", 0)
+    assert not AF.linear_is_unchunked(short, short, M)
+    assert run(long, order="linear") == "chunked"
     monkeypatch.setattr(FV, "LINEAR_OVERHEAD", 0.0)
-    M, e, r = 16, 8, AF.QUADRATIC_COST_RATIO
+    r = AF.QUADRATIC_COST_RATIO
     L_cross = 2 * r * M * (e + 1) / (M + e)  # T = S: quadratic up to this length
     short, long = int(L_cross) // 2, int(L_cross) * 2
     assert AF.quadratic_is_cheaper(short, short, M, e)
     assert not AF.quadratic_is_cheaper(long, long, M, e)
-    assert run(short) == "quadratic" and run(long) == "linear"
-    assert run(short, order="linear") == "linear" and run(long, order="quadratic") == "quadratic"
+    assert run(short) == "quadratic" and run(long) == "chunked"
     monkeypatch.setattr(FV, "QUADRATIC_COST_RATIO", 1e-9)  # the measured constant moves it
-    assert run(short) == "linear"
+    assert run(short) == "chunked"
     assert AF.quadratic_is_cheaper(long, long, M, e, ratio=1e9)
     assert AF.quadratic_is_cheaper(long, long, M, e, overhead=1e12)
-    # more groups: the fixed overhead of the linear order weighs less
+    # more groups: the fixed overhead of the chunked order weighs less
     assert not FV.quadratic_is_cheaper(64, 64, M, e, groups=1000, ratio=1.0, overhead=1e7)
     assert FV.quadratic_is_cheaper(64, 64, M, e, groups=1, ratio=1.0, overhead=1e7)
-    with pytest.raises(ValueError, match="order must be one of auto, quadratic, linear"):
+    # causal: the linear order is always chunked
+    assert not AF.linear_is_unchunked(4, 4, M, causal=True)
+    with pytest.raises(ValueError, match="order must be one of auto, quadratic, linear, chunked"):
         AF.favor_attention(*_qkv(), omega, order="fast")
 
 
@@ -769,7 +787,7 @@ def test_module_order_option_gives_the_same_layer(causal, share):
     x = torch.randn(2, 9, 24, generator=_gen(3), dtype=torch.float64, requires_grad=True)
     mask = _mask(2, 9, [9, 5])
     outs, grads = [], []
-    for order in ("quadratic", "linear", "auto"):
+    for order in ("quadratic", "linear", "chunked", "auto"):
         m.order = order
         out = m(x, mask)
         outs.append(out)

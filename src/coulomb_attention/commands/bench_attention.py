@@ -44,7 +44,12 @@ from pathlib import Path
 
 import torch
 
-from ..nn.functional import clear_workspace, favor_attention, quadratic_is_cheaper
+from ..nn.functional import (
+    clear_workspace,
+    favor_attention,
+    linear_is_unchunked,
+    quadratic_is_cheaper,
+)
 from ..results import atomic_write_text
 
 PEAK_N = 1024  # float32 (PEAK_N, PEAK_N) @ (PEAK_N, PEAK_N): the matmul peak
@@ -564,7 +569,8 @@ def run_short(args: argparse.Namespace) -> int:
                         "method": "favor" if method == "favor_fused" else method,
                         "n_features": M, "threads": threads,
                         "order": (("quadratic" if quadratic_is_cheaper(L, L, M, d, B * H)
-                                   else "linear") if method == "favor_fused" else ""),
+                                   else "linear" if linear_is_unchunked(L, L, M, B * H)
+                                   else "chunked") if method == "favor_fused" else ""),
                         "repeats": len(times[(name, "fwd")]),
                         "fwd_s": statistics.median(times[(name, "fwd")]),
                         "fwdbwd_s": statistics.median(times[(name, "fwdbwd")]),

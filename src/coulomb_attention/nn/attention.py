@@ -295,8 +295,9 @@ class KernelAttention(nn.Module):
         return self.out_proj(self.dropout(out))
 
     #: Association order of the FAVOR+ ops (:func:`.functional.favor_attention`): ``"auto"``
-    #: (by cost: quadratic at short sequences, linear at long ones), ``"quadratic"`` or
-    #: ``"linear"``; set it on an instance (``layer.order = "linear"``) to override.
+    #: (by cost: quadratic at the shortest sequences, linear beyond), ``"quadratic"``,
+    #: ``"linear"`` or ``"chunked"`` (linear, always the fused chunked path); set it on an
+    #: instance (``layer.order = "linear"``) to override.
     order: str = "auto"
 
     def attend(

@@ -5,7 +5,8 @@
 - :mod:`.reference`: the naive quadratic twins and exact softmax attention;
 - :mod:`.favor`: the FAVOR+ feature map and :func:`favor_attention`, which picks the
   association order by cost;
-- :mod:`.quadratic`: FAVOR+ in the quadratic order, one batched pass (short sequences);
+- :mod:`.quadratic`: FAVOR+ in one batched pass: the quadratic order (shortest sequences)
+  and the unchunked linear order (short and medium sequences);
 - :mod:`.fused`: FAVOR+ in the linear order, fused and chunked (long sequences);
 - :mod:`.workspace`: the thread-local scratch buffers of the fused path;
 - :mod:`.causal`: causal linear attention and causal FAVOR+.
@@ -16,9 +17,12 @@ from .checks import check_key_mask
 from .favor import (
     LINEAR_OVERHEAD,
     QUADRATIC_COST_RATIO,
+    UNCHUNKED_COST_RATIO,
+    UNCHUNKED_MAX_FEATURES,
     default_chunk_size,
     favor_attention,
     favor_features,
+    linear_is_unchunked,
     quadratic_is_cheaper,
 )
 from .linear import linear_attention
@@ -28,6 +32,8 @@ from .workspace import clear_workspace
 __all__ = [
     "LINEAR_OVERHEAD",
     "QUADRATIC_COST_RATIO",
+    "UNCHUNKED_COST_RATIO",
+    "UNCHUNKED_MAX_FEATURES",
     "causal_favor_attention",
     "causal_linear_attention",
     "check_key_mask",
@@ -36,6 +42,7 @@ __all__ = [
     "favor_attention",
     "favor_features",
     "linear_attention",
+    "linear_is_unchunked",
     "naive_favor_attention",
     "naive_linear_attention",
     "quadratic_is_cheaper",

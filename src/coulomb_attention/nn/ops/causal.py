@@ -125,7 +125,7 @@ def causal_favor_attention(
     chunk = _chunk_size(chunk_size, 128)
     dt = _compute_dtype(v)
     quadratic = use_quadratic(order, q.shape[2], k.shape[2], omega.shape[1], v.shape[-1],
-                              q.shape[0] * q.shape[1])
+                              q.shape[0] * q.shape[1], causal=True)
     with _no_autocast(v):
         om = omega.to(dt)
         if quadratic:

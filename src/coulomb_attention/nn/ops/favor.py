@@ -3,8 +3,10 @@
 Features ``exp(w . x - |x|^2/2 - shift)`` (the core :func:`coulomb_attention.features.log_positive`
 plus an exponential), shifts that cancel in the attention ratio. :func:`favor_attention` computes
 the normalised ``phi(Q) phi(K)^T V`` in the cheaper association order: quadratic
-(:mod:`.quadratic`, one batched pass) at short sequences, linear (:mod:`.fused`, chunked) at
-long ones; the crossover is measured (:data:`QUADRATIC_COST_RATIO`) and overridable (``order``).
+(:mod:`.quadratic`, one batched pass) at the shortest sequences, linear beyond, unchunked (a few
+batched matmuls, :func:`.quadratic.favor_attention_linear_short`) while the features are small
+(:data:`UNCHUNKED_MAX_FEATURES`) and fused and chunked (:mod:`.fused`, O(L d) memory) at long
+ones; the crossover is a cost rule (:func:`quadratic_is_cheaper`) and overridable (``order``).
 """
 
 from __future__ import annotations
@@ -25,14 +27,17 @@ from .checks import (
     check_key_mask,
 )
 from .fused import _FavorFn
-from .quadratic import favor_attention_quadratic
+from .quadratic import favor_attention_linear_short, favor_attention_quadratic
 
 __all__ = [
     "LINEAR_OVERHEAD",
     "QUADRATIC_COST_RATIO",
+    "UNCHUNKED_COST_RATIO",
+    "UNCHUNKED_MAX_FEATURES",
     "default_chunk_size",
     "favor_attention",
     "favor_features",
+    "linear_is_unchunked",
     "quadratic_is_cheaper",
 ]
 
@@ -95,26 +100,49 @@ def favor_features(
 # the quadratic order's multiply-adds.
 QUADRATIC_COST_RATIO = 3.0
 LINEAR_OVERHEAD = 1e7
-ORDERS = ("auto", "quadratic", "linear")
+ORDERS = ("auto", "quadratic", "linear", "chunked")
+
+
+# The unchunked linear order (non-causal) is a few large batched matmuls like the quadratic
+# order: the same cost per multiply-add and no fixed cost. It keeps the features of all rows,
+# 2 groups (T + S) M floats with their gradients, so it runs while groups (T + S) M is at most
+# this (16 MiB of float32 features); beyond, the chunked fused path (O(L d) memory).
+UNCHUNKED_COST_RATIO = 1.0
+UNCHUNKED_MAX_FEATURES = 1 << 22
+
+
+def linear_is_unchunked(T: int, S: int, n_features: int, groups: int = 1,
+                        causal: bool = False) -> bool:
+    """Whether the linear order runs unchunked (:func:`.quadratic.favor_attention_linear_short`):
+    non-causal, and ``groups (T + S) M <= UNCHUNKED_MAX_FEATURES``."""
+    return not causal and groups * (T + S) * n_features <= UNCHUNKED_MAX_FEATURES
 
 
 def quadratic_is_cheaper(T: int, S: int, n_features: int, e: int, groups: int = 1,
-                         ratio: float | None = None, overhead: float | None = None) -> bool:
+                         ratio: float | None = None, overhead: float | None = None,
+                         chunked: bool | None = None) -> bool:
     """Whether the quadratic order ``(phi(Q) phi(K)^T) V`` is the cheaper one.
 
     Both orders compute the features, ``(T + S) M d`` per head. Beyond that the quadratic order
     costs ``T S (M + e)`` multiply-adds per head (kernel matrix and output) and the linear
-    order ``(T + S) M (e + 1)`` (key-value state and output with normaliser), in chunked
-    loops of smaller ops with a fixed cost per call. The quadratic order is chosen while
+    order ``(T + S) M (e + 1)`` (key-value state and output with normaliser). The quadratic
+    order is chosen while
 
         groups T S (M + e) <= ratio groups (T + S) M (e + 1) + overhead
 
-    with ``groups = B H`` and the measured defaults :data:`QUADRATIC_COST_RATIO`,
-    :data:`LINEAR_OVERHEAD`. For ``T = S = L`` and one group of ``M = 64``, ``e = 32`` this
-    is L <= ~1000 (overhead dominates); for B H = 384 groups it is L <= ~130.
+    with ``groups = B H``. The constants depend on how the linear order runs (``chunked``;
+    default :func:`linear_is_unchunked` decides): unchunked it is batched matmuls like the
+    quadratic order (:data:`UNCHUNKED_COST_RATIO` = 1, no overhead), so for ``M = 64``,
+    ``e = 32`` the quadratic order wins up to L ~ 44 and for ``M = 16`` up to L ~ 22; chunked
+    (fused) its loops cost :data:`QUADRATIC_COST_RATIO` times more per multiply-add plus
+    :data:`LINEAR_OVERHEAD` per call (measured; docs/attention.md).
     """
-    ratio = QUADRATIC_COST_RATIO if ratio is None else ratio
-    overhead = LINEAR_OVERHEAD if overhead is None else overhead
+    if chunked is None:
+        chunked = not linear_is_unchunked(T, S, n_features, groups)
+    if ratio is None:
+        ratio = QUADRATIC_COST_RATIO if chunked else UNCHUNKED_COST_RATIO
+    if overhead is None:
+        overhead = LINEAR_OVERHEAD if chunked else 0.0
     quad = groups * T * S * (n_features + e)
     return quad <= ratio * groups * (T + S) * n_features * (e + 1) + overhead
 
@@ -125,11 +153,14 @@ def _check_order(order: str) -> str:
     return order
 
 
-def use_quadratic(order: str, T: int, S: int, n_features: int, e: int, groups: int) -> bool:
-    """``order`` resolved: ``"quadratic"``, ``"linear"``, or ``"auto"`` by
-    :func:`quadratic_is_cheaper`."""
+def use_quadratic(order: str, T: int, S: int, n_features: int, e: int, groups: int,
+                  causal: bool = False) -> bool:
+    """``order`` resolved to quadratic (True) or linear (False): ``"quadratic"``;
+    ``"linear"`` / ``"chunked"``; ``"auto"`` by :func:`quadratic_is_cheaper` (the causal
+    linear order is always chunked)."""
     if _check_order(order) == "auto":
-        return quadratic_is_cheaper(T, S, n_features, e, groups)
+        return quadratic_is_cheaper(T, S, n_features, e, groups,
+                                    chunked=True if causal else None)
     return order == "quadratic"
 
 
@@ -160,10 +191,13 @@ def favor_attention(
     - ``"quadratic"``: the ``(T, S)`` kernel matrix in one batched pass over all batches and
       heads (:mod:`.quadratic`); O(T S (M + e)) time and O(T S) memory per head, the fastest
       at short sequences;
-    - ``"linear"``: ``phi(Q) (phi(K)^T V)`` fused and chunked (:mod:`.fused`): keys then
-      queries in chunks of ``chunk_size`` rows with a recomputing backward, O((T + S) M (d + e))
-      time and O(L d) memory per head;
-    - ``"auto"`` (default): the quadratic order where :func:`quadratic_is_cheaper` says so.
+    - ``"linear"``: ``phi(Q) (phi(K)^T V)``, O((T + S) M (d + e)) time per head: unchunked in
+      a few batched matmuls while the features are small (:func:`linear_is_unchunked`), else
+      fused and chunked (:mod:`.fused`): keys then queries in chunks of ``chunk_size`` rows
+      with a recomputing backward, O(L d) memory per head;
+    - ``"chunked"``: the linear order, always fused and chunked;
+    - ``"auto"`` (default): the quadratic order where :func:`quadratic_is_cheaper` says so,
+      else ``"linear"``.
 
     Parameters
     ----------
@@ -175,8 +209,8 @@ def favor_attention(
     key_mask : torch.Tensor of bool, shape (B, S), optional
     chunk_size : int, optional
         Rows per chunk of the linear order; default :func:`default_chunk_size`.
-    order : {"auto", "quadratic", "linear"}
-        Association order.
+    order : {"auto", "quadratic", "linear", "chunked"}
+        Association order (``"chunked"``: linear, always the fused chunked path).
 
     Returns
     -------
@@ -195,6 +229,8 @@ def favor_attention(
         qq, kk, vv, om = (t.to(dt) for t in (q, k, v, omega))
         if quadratic:
             out = favor_attention_quadratic(qq, kk, vv, om, key_mask)
+        elif order != "chunked" and linear_is_unchunked(T, S, M, B * H):
+            out = favor_attention_linear_short(qq, kk, vv, om, key_mask)
         else:  # all batches and heads in one fused pass (per-head omega: one per group)
             mask = None
             if key_mask is not None:

@@ -125,6 +125,68 @@ def _dw(dlogits, x, w):
     return torch.matmul(dlogits.transpose(-1, -2), x).sum(0)
 
 
+class _FavorLinearFn(torch.autograd.Function):
+    """Normalised ``phi(q) (phi(k)^T v)`` in one batched pass (non-causal, unchunked): the
+    linear association order for short and medium sequences, where the chunked fused path
+    (:mod:`.fused`) pays more for its loops than it saves in memory.
+
+    Features and shifts as :func:`_favor_features_quadratic` (so the normaliser is >= 1 for
+    every row with a real key). Forward: ``kv = phi_k^T v`` (B, H, M, e), ``ksum = sum_s
+    phi_k`` (B, H, M), ``den = phi_q . ksum``, ``out = (phi_q kv) / den``. Backward with
+    ``g' = g / den`` and ``r = g' . out`` per row: ``dphi_q = g' kv^T - r ksum^T``,
+    ``dkv = phi_q^T g'``, ``dksum = -phi_q^T r``, ``dphi_k = v dkv^T + dksum^T``,
+    ``dv = phi_k dkv``; through ``exp`` and the logits as in :class:`_FavorQuadFn`.
+    Time O((T + S) M (d + e)) per head in a few large matmuls; memory O((T + S) M).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, key_mask):
+        phi_q, phi_k = _favor_features_quadratic(q, k, w, key_mask)
+        kv = torch.matmul(phi_k.transpose(-1, -2), v)  # (B, H, M, e)
+        ksum = phi_k.sum(-2).unsqueeze(-1)  # (B, H, M, 1)
+        den = torch.matmul(phi_q, ksum)  # (B, H, T, 1)
+        inv_den = torch.where(den > 0, den.reciprocal(), 0.0)  # a row without keys: output 0
+        out = torch.matmul(phi_q, kv).mul_(inv_den)  # (B, H, T, e)
+        ctx.save_for_backward(q, k, v, w, phi_q, phi_k, kv, ksum, inv_den, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, w, phi_q, phi_k, kv, ksum, inv_den, out = ctx.saved_tensors
+        need_q, need_k, need_v, need_w = ctx.needs_input_grad[:4]
+        gs = g * inv_den  # (B, H, T, e)
+        r = (gs * out).sum(-1, keepdim=True)  # (B, H, T, 1)
+        dkv = torch.matmul(phi_q.transpose(-1, -2), gs)  # (B, H, M, e)
+        dv = torch.matmul(phi_k, dkv) if need_v else None
+        dq = dk = dw = None
+        if need_q or need_k or need_w:
+            w0 = w[0] if w.shape[0] == 1 else w
+            db = da = None
+            if need_q or need_w:
+                dphi_q = torch.matmul(gs, kv.transpose(-1, -2))  # (B, H, T, M)
+                db = dphi_q.sub_(r * ksum.transpose(-1, -2)).mul_(phi_q)
+            if need_k or need_w:
+                dksum = torch.matmul(phi_q.transpose(-1, -2), r).neg_()  # (B, H, M, 1)
+                dphi_k = torch.matmul(v, dkv.transpose(-1, -2))  # (B, H, S, M)
+                da = dphi_k.add_(dksum.transpose(-1, -2)).mul_(phi_k)
+            if need_q:
+                dq = torch.matmul(db, w0)
+            if need_k:
+                dk = torch.matmul(da, w0).addcmul_(k, da.sum(-1, keepdim=True), value=-1.0)
+            if need_w:
+                dw = _dw(db, q, w) + _dw(da, k, w)
+        return dq, dk, dv, dw, None
+
+
+def favor_attention_linear_short(q, k, v, w, key_mask=None):
+    """FAVOR+ in the linear order, unchunked (non-causal; inputs in the compute dtype).
+
+    q (B, H, T, d), k (B, H, S, d), v (B, H, S, e), w (1 or H, M, d), key_mask (B, S) or None.
+    Returns ``out`` (B, H, T, e).
+    """
+    return _FavorLinearFn.apply(q, k, v, w, key_mask)
+
+
 # A causal normaliser below this (with a real key) sends the call to the chunked path.
 _UNDERFLOW = 2.0**-60
 
