@@ -220,15 +220,16 @@ def test_fused_favor_mixes_fast_and_exact_chunks():
         assert rel_err(a, b) < 1e-8
 
 
+@pytest.mark.parametrize("order", [LIN, "linear"])
 @pytest.mark.parametrize("groups", [1, 2])
-def test_fused_favor_gradcheck(groups):
-    """Shared omega and one omega per head (all heads in one batched pass)."""
+def test_fused_favor_gradcheck(groups, order):
+    """Both linear-order paths (chunked, unchunked); shared omega and one omega per head."""
     q, k, v = _qkv(B=2, H=2, T=4, S=5, d=3, e=2)
     omega = torch.randn(groups, 4, 3, generator=_gen(2), dtype=torch.float64,
                         requires_grad=True)
     mask = _mask(2, 5, [4, 5])
     assert torch.autograd.gradcheck(
-        lambda *t: AF.favor_attention(*t, mask, chunk_size=2, order=LIN), (q, k, v, omega)
+        lambda *t: AF.favor_attention(*t, mask, chunk_size=2, order=order), (q, k, v, omega)
     )
 
 
