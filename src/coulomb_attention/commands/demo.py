@@ -142,9 +142,9 @@ def plot(results_path: Path, png_path: Path) -> None:
 
     Three panels: test accuracy per method; the alignment ``A`` per Langevin step; ``-H = A -
     lam W`` per step. ``A`` and ``-H`` get separate panels because they differ only by the
-    repulsion term ``lam W = A + H`` (about 1% of ``A`` at the default ``lam = 0.01``), so on
-    one axis the ``-H`` curve would hide under ``A``; the last panel's legend gives ``lam W``
-    at the last step.
+    repulsion term ``lam W = A + H`` (0.005 against ``A`` ~ 0.4 at the end of the default
+    demo), so on one axis the ``-H`` curve would hide under ``A``; the last panel's legend
+    gives ``lam W`` at the last step.
     """
     from ..reports import pyplot
 
