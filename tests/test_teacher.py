@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from coulomb_attention import features
+from coulomb_attention.dynamics import Ball, LangevinSchedule, cycle, learn_particles
 from coulomb_attention.energy import (
     Comm,
     Hamiltonian,
@@ -16,6 +17,7 @@ from coulomb_attention.energy import (
     TeacherBatch,
     make_potential,
     naive_teacher_value,
+    per_head,
 )
 
 
@@ -116,3 +118,48 @@ def test_hamiltonian_with_teacher_term_and_repulsion():
         term.value_and_grad(omega, [(1, 2)])
     with pytest.raises(ValueError, match="key_mask"):
         TeacherBatch(batches[0].q, batches[0].k, batches[0].key_mask[:, :2], batches[0].row_mask)
+
+
+@pytest.mark.parametrize("per", [1, 2])
+def test_per_head_feature_equals_each_group_alone(per):
+    gen = torch.Generator().manual_seed(6)
+    b = _batch(gen, H=4)
+    G = 4 // per
+    omega = torch.randn(G, 5, 4, generator=gen, dtype=torch.float64)
+    out = per_head(features.positive)(b.q, omega)
+    for g in range(G):
+        heads = slice(g * per, (g + 1) * per)
+        assert torch.allclose(out[:, heads], features.positive(b.q[:, heads], omega[g]),
+                              rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.3])
+@pytest.mark.parametrize("per", [1, 2])
+def test_grouped_hamiltonian_moves_each_group_as_its_own_run(lam, per):
+    """All head groups in one particle run (Hamiltonian(groups=G)) equal G separate runs:
+    the energy is the mean of the per-group energies and every particle's force N grad_i H is
+    its own group's; without noise the Langevin trajectories coincide."""
+    gen = torch.Generator().manual_seed(7)
+    H, M, dh = 4, 5, 4
+    G = H // per
+    batches = [_batch(gen, H=H), _batch(gen, B=2, H=H, S=5)]
+    omega = torch.randn(G, M, dh, generator=gen, dtype=torch.float64)
+    pot = make_potential("riesz", s=1.0, eps=0.1, dim=dh)
+    grouped = Hamiltonian(TeacherAttention(per_head(features.positive)), pot, lam=lam, groups=G)
+    e, g, _ = grouped.value_and_grad(omega.reshape(G * M, dh), batches)
+    alone = Hamiltonian(TeacherAttention(features.positive), pot, lam=lam)
+    parts = [alone.value_and_grad(omega[i], [b.heads(slice(i * per, (i + 1) * per))
+                                             for b in batches]) for i in range(G)]
+    assert float(e) == pytest.approx(sum(float(p[0]) for p in parts) / G, rel=1e-12)
+    for i, p in enumerate(parts):  # N grad (N = G M) equals M grad of the group alone
+        assert torch.allclose(G * M * g[i * M:(i + 1) * M], M * p[1], rtol=1e-10, atol=1e-13)
+    schedule = LangevinSchedule(steps=5, eta=0.05, beta=0.0)
+    kw = dict(projection=Ball(1.5), generator=torch.Generator().manual_seed(0))
+    run = learn_particles(grouped, omega.reshape(G * M, dh), schedule, cycle(batches), **kw)
+    assert float((run.omega - omega.reshape(G * M, dh)).norm()) > 1e-3  # it moved
+    for i in range(G):
+        own = [b.heads(slice(i * per, (i + 1) * per)) for b in batches]
+        ref = learn_particles(alone, omega[i], schedule, cycle(own), **kw)
+        assert torch.allclose(run.omega[i * M:(i + 1) * M], ref.omega, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="divisible by groups"):
+        grouped.value_and_grad(omega.reshape(G * M, dh)[:-1], batches)

@@ -20,7 +20,7 @@ from .riesz import (
     row_block,
     sharded_riesz_energy_and_grad,
 )
-from .teacher import TeacherAttention, TeacherBatch, naive_teacher_value, teacher_rows
+from .teacher import TeacherAttention, TeacherBatch, naive_teacher_value, per_head, teacher_rows
 from .terms import Comm, DataTerm, LabelAlignment, LinearPotential
 from .token_pair import TokenPairAlignment as TokenPairAlignment
 
@@ -32,6 +32,7 @@ __all__ = [
     "TeacherAttention",
     "TeacherBatch",
     "naive_teacher_value",
+    "per_head",
     "teacher_rows",
     "row_block",
     "sharded_riesz_energy_and_grad",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._validation import check_nonnegative
+from .._validation import check_nonnegative, check_positive
 from .riesz import PairPotential, riesz_energy, riesz_grad, sharded_riesz_energy_and_grad
 from .terms import Comm, DataTerm
 
@@ -34,6 +34,12 @@ class Hamiltonian:
     pair_energy : evaluate ``W`` for the returned energy; when False the gradient still holds
         the repulsion but the energy is the data term only and ``info["repulsion"]`` is NaN
         (saves one O(N^2) pass in long simulations)
+    groups : G independent particle systems moved together (e.g. the particles of G attention
+        heads): ``omega`` (N, d) is G blocks of ``N / G`` rows; the data term receives
+        ``omega`` as (G, N / G, d) and the repulsion acts within each block only, as the mean
+        over blocks ``(1 / G) sum_g W_{N/G,s}(omega_g)``. With a data term that is the mean of
+        the G per-block terms, the force on each particle (``N grad_i H``) is then exactly the
+        one of G separate runs of ``N / G`` particles.
     """
 
     data_term: DataTerm
@@ -41,9 +47,11 @@ class Hamiltonian:
     lam: float = 0.0
     shard_pairs: bool = True
     pair_energy: bool = True
+    groups: int = 1
 
     def __post_init__(self) -> None:
         check_nonnegative("lam", self.lam)
+        check_positive("groups", self.groups, integer=True)
         if not hasattr(self.data_term, "value_and_grad"):
             raise TypeError(f"data_term must have a value_and_grad method, got "
                             f"{type(self.data_term).__name__}")
@@ -60,10 +68,25 @@ class Hamiltonian:
         ``batches`` is what the data term reads (a list of batches); ``comm`` makes the data
         statistics (and, with ``shard_pairs``, the pair sum) exact across processes.
         """
-        value, grad, info = self.data_term.value_and_grad(omega, batches, comm)
+        G = self.groups
+        if G > 1:
+            if omega.ndim != 2 or omega.shape[0] % G:
+                raise ValueError(f"omega must have shape (N, d) with N divisible by groups={G}, "
+                                 f"got {tuple(omega.shape)}")
+            value, grad, info = self.data_term.value_and_grad(
+                omega.view(G, omega.shape[0] // G, omega.shape[1]), batches, comm)
+            grad = grad.reshape(omega.shape)
+        else:
+            value, grad, info = self.data_term.value_and_grad(omega, batches, comm)
         energy = value.to(omega.dtype)
         w = omega.new_zeros(())
-        if self.has_repulsion:
+        if self.has_repulsion and G > 1:  # within blocks, the mean over blocks (not sharded)
+            blocks = omega.detach().view(G, -1, omega.shape[1])
+            grad_w = torch.cat([riesz_grad(b, self.potential) for b in blocks]) / G
+            w = sum(riesz_energy(b, self.potential) for b in blocks) / G
+            grad = grad + self.lam * grad_w.to(grad.dtype)
+            energy = energy + self.lam * w.to(omega.dtype)
+        elif self.has_repulsion:
             om = omega.detach()
             if comm is not None and comm.world_size > 1 and self.shard_pairs:
                 w, grad_w = sharded_riesz_energy_and_grad(om, self.potential, comm.rank,

@@ -32,7 +32,8 @@ import torch
 
 from .terms import Comm
 
-__all__ = ["TeacherAttention", "TeacherBatch", "naive_teacher_value", "teacher_rows"]
+__all__ = ["TeacherAttention", "TeacherBatch", "naive_teacher_value", "per_head",
+           "teacher_rows"]
 
 FeatureFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -142,7 +143,9 @@ class TeacherAttention:
 
     ``batches`` is a list of :class:`TeacherBatch`. Returns ``(value (), grad (M, dh), info)``
     with ``info = {"kl", "mse", "rows"}`` (means over all rows of all batches; ``mse`` NaN
-    without values).
+    without values). Particles per head: ``omega`` (H, M, dh) with ``feature`` applied per
+    head (:func:`per_head`); every head has the same rows, so the value is the mean of the
+    per-head values.
     """
 
     feature: FeatureFn
@@ -163,7 +166,7 @@ class TeacherAttention:
         w = omega.detach().to(self.dtype).requires_grad_(grad)
         stats = torch.zeros(3, dtype=self.dtype)
         g = torch.zeros_like(w)
-        m = omega.shape[0]
+        m = omega.shape[-2]
         for batch in batches:
             if not isinstance(batch, TeacherBatch):
                 raise TypeError(f"batches must hold TeacherBatch items, got "
@@ -213,6 +216,21 @@ class TeacherAttention:
         has_v = any(b.v is not None for b in batches)
         return {"kl": float(stats[0] / rows),
                 "mse": float(stats[1] / rows) if has_v else float("nan"), "rows": rows}
+
+
+def per_head(feature: FeatureFn) -> FeatureFn:
+    """``feature`` with one omega per head group: ``phi(u (B, H, L, dh), omega (G, M, dh)) ->
+    (B, H, L, M)``, heads ``g H/G .. (g+1) H/G - 1`` using ``omega[g]`` (G = H: one omega per
+    head); vectorised over the groups (``torch.vmap``, no Python loop)."""
+    def phi(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+        B, H, L, dh = u.shape
+        G = omega.shape[0]
+        if H % G:
+            raise ValueError(f"{H} heads cannot be split into {G} groups")
+        x = u.reshape(B, G, (H // G) * L, dh)
+        out = torch.vmap(feature, in_dims=(1, 0), out_dims=1)(x, omega)
+        return out.reshape(B, H, L, out.shape[-1])
+    return phi
 
 
 def naive_teacher_value(feature: FeatureFn, omega: torch.Tensor, batches: Sequence[TeacherBatch],

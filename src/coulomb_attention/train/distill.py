@@ -46,7 +46,7 @@ from torch import nn
 
 from .._validation import check_choice, check_nonnegative, check_positive
 from ..dynamics import cycle, learn_particles
-from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch
+from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, per_head
 from ..nn.attention import AttentionFeature
 from .capture import layer_inputs
 from .phases import langevin_setup
@@ -341,34 +341,49 @@ def distill_attention(
         new_omega = omega_all.clone()
         term = TeacherAttention(layer.feature, output_weight=config.output_weight, dtype=dtype)
         potential, projection, schedule = langevin_setup(config, dh)
+        parts = [slice(g * per, (g + 1) * per) for g in range(groups)]
+        fit_g = [[b.heads(h) for b in fit_b] for h in parts]
+        hold_g = [[b.heads(h) for b in hold_b] for h in parts]
+        before = [(_evaluate(term, omega_all[g], fit_g[g], comm),
+                   _evaluate(term, omega_all[g], hold_g[g], comm)) for g in range(groups)]
+        traces: list[list[dict]] = []
+        if config.method == "langevin":
+            # all head groups in ONE Langevin run (batched over heads, no loop): G independent
+            # particle systems (Hamiltonian(groups=G): repulsion within each group only, the
+            # data term the mean of the per-group terms, so each particle feels the force of
+            # its own group's run)
+            grouped = groups > 1
+            ham = Hamiltonian(TeacherAttention(
+                per_head(layer.feature) if grouped else layer.feature,
+                output_weight=config.output_weight, dtype=dtype),
+                potential, lam=config.lam, groups=groups)
+            batches = fit_b if grouped else fit_g[0]
+            order = torch.randperm(len(batches), generator=generator).tolist()
+            run = learn_particles(
+                ham, omega_all.reshape(groups * omega_all.shape[1], dh), schedule,
+                cycle(batches, order), projection=projection, generator=noise, comm=comm,
+                normalize_drift=config.normalize_drift,
+                progress=f"layer {li} ({groups} head group(s))" if progress else False)
+            new_omega = run.omega.reshape(omega_all.shape).to(dtype)
+            traces = [run.trace] * groups
+        else:
+            for g in range(groups):
+                omega, trace = _fit_hedgehog(term, omega_all[g], fit_g[g], config, generator)
+                new_omega[g] = omega
+                traces.append(trace)
         layer_records = []
-        for g in range(groups):
-            heads = slice(g * per, (g + 1) * per)
-            fb = [b.heads(heads) for b in fit_b]
-            hb = [b.heads(heads) for b in hold_b]
-            omega0 = omega_all[g]
-            before, hold_before = _evaluate(term, omega0, fb, comm), _evaluate(term, omega0, hb,
-                                                                               comm)
-            if config.method == "langevin":
-                order = torch.randperm(len(fb), generator=generator).tolist()
-                run = learn_particles(
-                    Hamiltonian(term, potential, lam=config.lam), omega0, schedule,
-                    cycle(fb, order), projection=projection, generator=noise, comm=comm,
-                    normalize_drift=config.normalize_drift,
-                    progress=f"layer {li} heads {heads.start}:{heads.stop}" if progress
-                    else False)
-                omega, trace = run.omega, run.trace
-            else:
-                omega, trace = _fit_hedgehog(term, omega0, fb, config, generator)
-            after, hold_after = _evaluate(term, omega, fb, comm), _evaluate(term, omega, hb, comm)
-            new_omega[g] = omega
+        for g, heads in enumerate(parts):
+            omega0, omega = omega_all[g], new_omega[g]
+            after = _evaluate(term, omega, fit_g[g], comm)
+            hold_after = _evaluate(term, omega, hold_g[g], comm)
             layer_records.append({
                 "layer": li, "heads": [heads.start, heads.stop], "method": config.method,
-                "kl_before": before["kl"], "kl_after": after["kl"],
-                "mse_before": before["mse"], "mse_after": after["mse"],
-                "holdout_kl_before": hold_before["kl"], "holdout_kl_after": hold_after["kl"],
-                "holdout_mse_before": hold_before["mse"], "holdout_mse_after": hold_after["mse"],
-                "energy_first": trace[0]["energy"], "energy_last": trace[-1]["energy"],
+                "kl_before": before[g][0]["kl"], "kl_after": after["kl"],
+                "mse_before": before[g][0]["mse"], "mse_after": after["mse"],
+                "holdout_kl_before": before[g][1]["kl"], "holdout_kl_after": hold_after["kl"],
+                "holdout_mse_before": before[g][1]["mse"],
+                "holdout_mse_after": hold_after["mse"],
+                "energy_first": traces[g][0]["energy"], "energy_last": traces[g][-1]["energy"],
                 "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
                 "n_fit": n_fit, "n_holdout": n_hold, "steps": config.steps,
             })
