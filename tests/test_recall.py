@@ -212,3 +212,15 @@ def test_recall_command_skips_finished_runs(tmp_path, monkeypatch):
     rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 5 and (tmp_path / "summary.md").exists()
     assert (tmp_path / "accuracy_vs_M.png").stat().st_size > 0
+
+
+def test_recall_report_keeps_the_latest_row_of_a_rerun():
+    from coulomb_attention.reports.recall import latest_runs
+
+    def row(acc, epochs, seed=0):
+        return {"level": "hard", "attention": "softmax", "kernel": "vanilla", "n_features": 64,
+                "seed": seed, "accuracy": acc, "config": {"train": {"epochs": epochs}}}
+
+    rows, superseded = latest_runs([row(0.61, 4), row(0.98, 12), row(0.99, 12, seed=1)])
+    assert superseded == 1
+    assert sorted(r["accuracy"] for r in rows) == [0.98, 0.99]

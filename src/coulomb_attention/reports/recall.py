@@ -4,7 +4,6 @@ over seeds, the target checks, and one plot of accuracy against M per level."""
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -133,15 +132,28 @@ def _plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def latest_runs(rows: list[dict]) -> tuple[list[dict], int]:
+    """One row per (level, attention, kernel, M, seed): the last one written (a grid re-run
+    with a changed level config appends new rows; the superseded ones are not mixed in).
+    Returns (rows, number of superseded rows)."""
+    last: dict[tuple, dict] = {}
+    for r in rows:
+        last[(r["level"], r["attention"], r["kernel"], r["n_features"], r["seed"])] = r
+    return list(last.values()), len(rows) - len(last)
+
+
 def write_report(out: str | Path) -> Path:
-    """``OUT/summary.md`` and ``OUT/accuracy_vs_M.png`` from ``OUT/results.jsonl``."""
+    """``OUT/summary.md`` and ``OUT/accuracy_vs_M.png`` from ``OUT/results.jsonl`` (the latest
+    row of each run, :func:`latest_runs`)."""
     out = Path(out)
     rows = read_jsonl(out / "results.jsonl")
     if not rows:
         raise ValueError(f"no results in {out / 'results.jsonl'}")
-    groups = defaultdict(list)
-    for r in rows:
-        groups[r["level"]].append(r)
-    atomic_write_text(out / "summary.md", "\n".join(summarize(rows)) + "\n")
+    rows, superseded = latest_runs(rows)
+    lines = summarize(rows)
+    if superseded:
+        lines += ["", f"({superseded} earlier row(s) of re-run configurations in results.jsonl "
+                  "are superseded by the latest row of the same run and not shown.)"]
+    atomic_write_text(out / "summary.md", "\n".join(lines) + "\n")
     _plot(rows, out / "accuracy_vs_M.png")
     return out / "summary.md"
