@@ -9,9 +9,15 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that need it: the CLI's --help paths import this
+# module and should not pay for torch (1-3 s).
 
 __all__ = [
     "as_float_tensor",
@@ -56,6 +62,8 @@ def check_choice(name: str, value: str, valid: Iterable[str]) -> str:
 
 def check_finite_tensor(name: str, x: torch.Tensor) -> torch.Tensor:
     """Raise ``ValueError`` if ``x`` holds NaN or inf."""
+    import torch
+
     if x.is_floating_point() and not bool(torch.isfinite(x).all()):
         n_bad = int((~torch.isfinite(x)).sum())
         raise ValueError(f"{name} contains {n_bad} NaN or infinite value(s)")
@@ -82,6 +90,8 @@ def as_float_tensor(
     dtype : torch.dtype, optional
         Target floating dtype; by default float64 for numpy float64 input, else float32.
     """
+    import torch
+
     if isinstance(x, torch.Tensor):
         t = x
     else:
@@ -120,6 +130,8 @@ def torch_generator(random_state=None, device: str | torch.device = "cpu") -> to
     ``None`` draws fresh entropy, an ``int`` seeds deterministically, a numpy
     ``RandomState``/``Generator`` is consumed for a seed, a ``torch.Generator`` is returned as is.
     """
+    import torch
+
     if isinstance(random_state, torch.Generator):
         return random_state
     g = torch.Generator(device=device)
