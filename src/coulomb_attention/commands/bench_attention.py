@@ -643,7 +643,7 @@ def short_table(rows: list[dict], summary: dict) -> str:
         f"torch {summary['torch']}; load average {summary['load_average_start'][0]:.1f} -> "
         f"{summary['load_average_end'][0]:.1f}. Medians of {summary['args']['repeats']} "
         "interleaved repeats, milliseconds, forward / forward+backward. FAVOR+ order: "
-        "q = quadratic, l = linear (picked by cost). "
+        "q = quadratic, l = linear unchunked, c = linear chunked (picked by cost). "
         + ("" if perf else "performer-pytorch not installed: its columns are absent."),
         "",
         f"| shape | B | L | {head} | favor/sdpa fwd+bwd (M=64) |",
