@@ -200,7 +200,7 @@ def test_recall_command_skips_finished_runs(tmp_path, monkeypatch):
                 "n_features": cfg.model.n_features, "seed": cfg.seed, "accuracy": 0.5,
                 "chance": cfg.task.chance, "config": lib.to_dict(cfg)}
 
-    monkeypatch.setattr(cmd, "run_recall", fake)
+    monkeypatch.setattr(lib, "run_recall", fake)  # the command imports it when it runs
     argv = ["recall", "--out", str(tmp_path), "--levels", "easy", "--attentions",
             "softmax,favor", "--kernels", "vanilla,learned", "--n-features", "4,16",
             "--seeds", "0"]
@@ -212,6 +212,10 @@ def test_recall_command_skips_finished_runs(tmp_path, monkeypatch):
     rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 5 and (tmp_path / "summary.md").exists()
     assert (tmp_path / "accuracy_vs_M.png").stat().st_size > 0
+    # an unknown kernel is a one-line error before any run starts
+    bad = [a if a != "vanilla,learned" else "vanilla,nope" for a in argv]
+    assert main([*bad, "--seeds", "5"]) == 2 and len(calls) == 5
+    assert cmd.grid  # the command module itself imports no torch (--help stays fast)
 
 
 def test_recall_report_keeps_the_latest_row_of_a_rerun():

@@ -14,13 +14,14 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from ..config import from_dict, to_dict
-from ..nn.attention import ATTENTION_FEATURES
 from ..results import append_jsonl, read_jsonl
-from ..train.recall import KERNELS, RecallRunConfig, run_recall
+
+if TYPE_CHECKING:
+    from ..train.recall import RecallRunConfig
+
+# torch and the library are imported in grid()/run(): --help stays fast
 
 ATTENTIONS = ("softmax", "favor", "porf_softplus", "softmax_feat", "elu", "none")
 N_FEATURES = (4, 8, 16, 32, 64, 128)
@@ -64,7 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "data): under 5 minutes")
     p.add_argument("--levels", type=_csv(str, LEVELS), default=list(LEVELS))
     p.add_argument("--attentions", type=_csv(str, ATTENTIONS), default=list(ATTENTIONS))
-    p.add_argument("--kernels", type=_csv(str, KERNELS), default=list(KERNELS))
+    p.add_argument("--kernels", type=_csv(str), default=["vanilla", "learned"],
+                   help="vanilla, learned (checked against the run config)")
     p.add_argument("--n-features", type=_csv(int), default=list(N_FEATURES))
     p.add_argument("--seeds", type=_csv(int), default=[0, 1, 2])
     p.add_argument("--config", type=Path, help="JSON overrides applied to every level")
@@ -80,7 +82,12 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def grid(args) -> list[tuple[str, RecallRunConfig]]:
-    """Every (level, config) of the requested grid, in run order."""
+    """Every (level, config) of the requested grid, in run order (all validated before any
+    run starts: an unknown kernel raises here)."""
+    from ..config import from_dict
+    from ..nn.attention import ATTENTION_FEATURES
+    from ..train.recall import RecallRunConfig
+
     extra = json.loads(args.config.read_text()) if args.config else {}
     levels, atts, kernels, ms, seeds = (args.levels, args.attentions, args.kernels,
                                         args.n_features, args.seeds)
@@ -103,6 +110,11 @@ def grid(args) -> list[tuple[str, RecallRunConfig]]:
 
 
 def run(args) -> int:
+    import torch
+
+    from ..config import to_dict
+    from ..train.recall import run_recall
+
     torch.set_num_threads(max(int(args.threads), 1))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
