@@ -189,7 +189,6 @@ def test_learned_phase_a_raises_the_token_pair_alignment():
 def test_recall_command_skips_finished_runs(tmp_path, monkeypatch):
     import json
 
-    from coulomb_attention.commands import recall as cmd
     from coulomb_attention.train import recall as lib
 
     calls = []
