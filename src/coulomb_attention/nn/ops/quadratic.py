@@ -104,17 +104,22 @@ class _FavorQuadFn(torch.autograd.Function):
             da_mat = da_mat.view(B, H, T, S)
             if ctx.causal:
                 da_mat.tril_()
-            w0 = w[0] if w.shape[0] == 1 else w
             db = torch.matmul(da_mat, phi_k).mul_(phi_q) if (need_q or need_w) else None
             da = (torch.matmul(da_mat.transpose(-1, -2), phi_q).mul_(phi_k)
                   if (need_k or need_w) else None)
-            if need_q:
-                dq = torch.matmul(db, w0)
-            if need_k:
-                dk = torch.matmul(da, w0).addcmul_(k, da.sum(-1, keepdim=True), value=-1.0)
-            if need_w:
-                dw = _dw(db, q, w) + _dw(da, k, w)
+            dq, dk, dw = _through_logits(db, da, q, k, w, need_q, need_k, need_w)
         return dq, dk, dv, dw, None, None
+
+
+def _through_logits(db, da, q, k, w, need_q, need_k, need_w):
+    """``(dq, dk, dw)`` from the gradients of the query and key logits ``db`` (B, H, T, M) and
+    ``da`` (B, H, S, M): logits ``q . w_m`` and ``k . w_m - |k|^2/2`` (shared by both orders)."""
+    w0 = w[0] if w.shape[0] == 1 else w
+    dq = torch.matmul(db, w0) if need_q else None
+    dk = (torch.matmul(da, w0).addcmul_(k, da.sum(-1, keepdim=True), value=-1.0)
+          if need_k else None)
+    dw = _dw(db, q, w) + _dw(da, k, w) if need_w else None
+    return dq, dk, dw
 
 
 def _dw(dlogits, x, w):
@@ -160,7 +165,6 @@ class _FavorLinearFn(torch.autograd.Function):
         dv = torch.matmul(phi_k, dkv) if need_v else None
         dq = dk = dw = None
         if need_q or need_k or need_w:
-            w0 = w[0] if w.shape[0] == 1 else w
             db = da = None
             if need_q or need_w:
                 dphi_q = torch.matmul(gs, kv.transpose(-1, -2))  # (B, H, T, M)
@@ -169,12 +173,7 @@ class _FavorLinearFn(torch.autograd.Function):
                 dksum = torch.matmul(phi_q.transpose(-1, -2), r).neg_()  # (B, H, M, 1)
                 dphi_k = torch.matmul(v, dkv.transpose(-1, -2))  # (B, H, S, M)
                 da = dphi_k.add_(dksum.transpose(-1, -2)).mul_(phi_k)
-            if need_q:
-                dq = torch.matmul(db, w0)
-            if need_k:
-                dk = torch.matmul(da, w0).addcmul_(k, da.sum(-1, keepdim=True), value=-1.0)
-            if need_w:
-                dw = _dw(db, q, w) + _dw(da, k, w)
+            dq, dk, dw = _through_logits(db, da, q, k, w, need_q, need_k, need_w)
         return dq, dk, dv, dw, None
 
 
