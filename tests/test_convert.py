@@ -256,3 +256,33 @@ def test_hf_bert_model_kernelized_in_place_equals_own_loader(tiny_dir, batch, tm
         theirs = hf(input_ids=ids, attention_mask=mask.long()).last_hidden_state
     assert float((theirs - ours)[mask].abs().max()) < 1e-4
     assert float((soft - ours)[mask].abs().max()) > 1e-3  # the kernel did change
+
+
+def test_grid_reports_every_run_of_the_base_config_and_refuses_another(tiny_dir, tmp_path,
+                                                                     capsys):
+    """`convert --grid` in two invocations: the report covers both; a finished run is reused
+    only with the same configuration."""
+    from coulomb_attention.cli import main
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    base = ["convert", "--encoder", str(tiny_dir), "--sentences", str(sent), "--n-sentences",
+            "9", "--holdout", "3", "--steps", "2", "--batch-size", "3", "--max-length", "16",
+            "--eval-sentences", "8", "--probe-tasks", "--out", str(tmp_path / "g"),
+            "--variants", "vanilla", "particles", "--no-progress", "--seeds", "0"]
+    assert main([*base, "--grid", "4"]) == 0
+    assert main([*base, "--grid", "8"]) == 0
+    import json
+
+    rows = [json.loads(x) for x in (tmp_path / "g" / "grid.jsonl").read_text().splitlines()]
+    got = sorted((r["config"]["variant"], r["config"]["n_features"],
+                  r["config"]["distill"]["lam"]) for r in rows if r["config"]["variant"]
+                 != "softmax")
+    assert got == [("particles", 4, 0.0), ("particles", 4, 0.1), ("particles", 8, 0.0),
+                   ("particles", 8, 0.1), ("vanilla", 4, 0.0), ("vanilla", 8, 0.0)]
+    assert len(rows) == 7  # and the softmax teacher once
+    capsys.readouterr()
+    steps = base.index("--steps") + 1
+    other = [*base[:steps], "3", *base[steps + 1:]]
+    assert main([*other, "--grid", "4"]) == 2
+    assert "holds a conversion of another configuration" in capsys.readouterr().err

@@ -19,7 +19,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ..convert import VARIANTS, ConvertConfig, convert_encoder, speed_table
+from ..convert import VARIANTS, ConvertConfig, _to_json, convert_encoder, speed_table
+from ..results import atomic_write_text, config_diff
 from ..train.distill import DistillConfig
 
 
@@ -103,6 +104,11 @@ def _grid(base: ConvertConfig, args, out: Path) -> None:
         run_dir = out / "grid" / name
         if (run_dir / "result.json").is_file():
             res = json.loads((run_dir / "result.json").read_text())
+            differ = config_diff(res.get("config"), _to_json(cfg))
+            if differ:  # a finished run is reused only with the same configuration
+                raise ValueError(f"{run_dir} holds a conversion of another configuration "
+                                 f"(differs in {', '.join(differ[:6])}); use another --out or "
+                                 "delete it")
         else:
             print(f"[grid] {name}", flush=True)
             res = convert_encoder(cfg, run_dir, data_dir=args.data_dir, progress=args.progress)
@@ -110,9 +116,21 @@ def _grid(base: ConvertConfig, args, out: Path) -> None:
         print(f"[grid] {name}: cos {fid['cos_mean']:.4f} (p5 {fid['cos_p5']:.4f}), Spearman "
               f"{fid['spearman']:.4f}, distil {res['distill_s']:.0f} s", flush=True)
         results.append(res)
-        with open(out / "grid.jsonl", "w", encoding="utf-8") as f:
-            for r in results:
-                f.write(json.dumps(r) + "\n")
+    # the report covers every finished run of OUT/grid made with this base configuration
+    # (earlier invocations with other M, seeds, variants or lam included); runs of another
+    # base configuration are left out and named
+    grid_keys = {"n_features", "seed", "variant", "distill.lam"}
+    base_json, every, other = _to_json(base), [], []
+    for path in sorted((out / "grid").glob("*/result.json")):
+        res = json.loads(path.read_text())
+        if set(config_diff(res.get("config"), base_json)) <= grid_keys:
+            every.append(res)
+        else:
+            other.append(path.parent.name)
+    if other:
+        print(f"[grid] left out of the report (another base configuration): "
+              f"{', '.join(other)}", flush=True)
+    atomic_write_text(out / "grid.jsonl", "".join(json.dumps(r) + "\n" for r in every))
     print(f"wrote {write_grid_report(out)}")
 
 
