@@ -233,3 +233,29 @@ def test_recall_report_keeps_the_latest_row_of_a_rerun():
     rows, superseded = latest_runs([row(0.61, 4), row(0.98, 12), row(0.99, 12, seed=1)])
     assert superseded == 1
     assert sorted(r["accuracy"] for r in rows) == [0.98, 0.99]
+
+
+def test_a_diverged_run_is_recorded_and_the_grid_goes_on(tmp_path, monkeypatch, capsys):
+    import json
+
+    from coulomb_attention.cli import main
+    from coulomb_attention.train import recall as lib
+
+    def fake(cfg, progress=False):
+        if cfg.model.n_features == 8:
+            raise FloatingPointError("non-finite training loss (nan) at epoch 7, step 529")
+        return {"attention": cfg.model.attention, "kernel": cfg.kernel,
+                "n_features": cfg.model.n_features, "seed": cfg.seed, "accuracy": 0.5,
+                "chance": cfg.task.chance, "config": lib.to_dict(cfg)}
+
+    monkeypatch.setattr(lib, "run_recall", fake)
+    argv = ["recall", "--out", str(tmp_path), "--levels", "easy", "--attentions", "favor",
+            "--kernels", "vanilla", "--n-features", "8,16", "--seeds", "0"]
+    assert main(argv) == 0
+    rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(r["n_features"], r["accuracy"]) for r in rows] == [(8, None), (16, 0.5)]
+    assert "DIVERGED (non-finite training loss" in capsys.readouterr().out
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## Diverged runs" in summary and "easy favor-vanilla M=8 seed=0" in summary
+    assert main(argv) == 0  # a diverged run is done: not re-run
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2

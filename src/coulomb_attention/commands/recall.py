@@ -4,8 +4,10 @@ Flags -> one :class:`~coulomb_attention.train.recall.RecallRunConfig` per grid p
 :func:`~coulomb_attention.train.recall.run_recall` -> ``OUT/results.jsonl`` (one fsync'd line
 per run, with the resolved config; a run whose config already has a line is skipped), then
 ``OUT/summary.md`` and ``OUT/accuracy_vs_M.png`` from the result file only
-(:mod:`coulomb_attention.reports.recall`). Maps without particles (``softmax``, ``elu``,
-``none``) run once per seed and level (kernel ``vanilla``; M does not apply).
+(:mod:`coulomb_attention.reports.recall`). A run whose training diverges (non-finite loss) is
+recorded as such (``accuracy: null``, ``diverged``: the message) and the grid goes on. Maps
+without particles (``softmax``, ``elu``, ``none``) run once per seed and level (kernel
+``vanilla``; M does not apply).
 """
 
 from __future__ import annotations
@@ -128,12 +130,19 @@ def run(args) -> int:
         if key in done:
             continue
         t0 = time.perf_counter()
-        row = {"level": level, **run_recall(cfg, progress=args.progress)}
+        name = (f"[{i + 1}/{len(todo)}] {level} {cfg.model.attention}-{cfg.kernel} "
+                f"M={cfg.model.n_features} seed={cfg.seed}")
+        try:
+            row = {"level": level, **run_recall(cfg, progress=args.progress)}
+            outcome = f"accuracy {row['accuracy']:.4f}"
+        except FloatingPointError as exc:  # one diverged run is a result, not the grid's end
+            row = {"level": level, "attention": cfg.model.attention, "kernel": cfg.kernel,
+                   "n_features": cfg.model.n_features, "seed": cfg.seed, "accuracy": None,
+                   "diverged": str(exc).splitlines()[0], "config": to_dict(cfg)}
+            outcome = f"DIVERGED ({row['diverged']})"
         append_jsonl(results, row)
         done.add(key)
-        print(f"[{i + 1}/{len(todo)}] {level} {cfg.model.attention}-{cfg.kernel} "
-              f"M={cfg.model.n_features} seed={cfg.seed}: accuracy {row['accuracy']:.4f} "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(f"{name}: {outcome} ({time.perf_counter() - t0:.0f} s)", flush=True)
     from ..reports.recall import write_report
 
     write_report(out)

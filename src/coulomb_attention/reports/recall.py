@@ -150,7 +150,16 @@ def write_report(out: str | Path) -> Path:
     if not rows:
         raise ValueError(f"no results in {out / 'results.jsonl'}")
     rows, superseded = latest_runs(rows)
+    diverged = [r for r in rows if r.get("accuracy") is None]
+    rows = [r for r in rows if r.get("accuracy") is not None]
+    if not rows:
+        raise ValueError(f"no finished runs in {out / 'results.jsonl'} (all diverged)")
     lines = summarize(rows)
+    if diverged:
+        lines += ["## Diverged runs (non-finite training loss; not in the means above)", ""]
+        lines += [f"- {r['level']} {r['attention']}-{r['kernel']} M={r['n_features']} "
+                  f"seed={r['seed']}: {r.get('diverged', '')}" for r in diverged]
+        lines.append("")
     if superseded:
         lines += ["", f"({superseded} earlier row(s) of re-run configurations in results.jsonl "
                   "are superseded by the latest row of the same run and not shown.)"]
