@@ -820,3 +820,36 @@ def test_bench_attention_short_tiny_grid(tmp_path, monkeypatch):
     rows = (out / "results.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 2  # header + (favor, sdpa) x 2 lengths
     assert (out / "bench_attention_short.png").stat().st_size > 1000
+
+
+def test_causal_favor_gradients_stay_finite_where_a_row_normaliser_is_denormal(monkeypatch):
+    """A sequence captured from MQAR training (FAVOR+, M = 8, d_head = 64, L = 80) where a key
+    feature's block max came from a key after the row: with the query shift by the block max
+    alone (``_ROW_CAP = 0``, the old rule) a row's normaliser was denormal and the backward
+    gave NaN gradients; the prefix-max shift keeps them finite and, for k and v, equal to the
+    float64 twin (row 0's only key lies > 87 below its features' block max: float32 loses that
+    row, the documented limit of the block shift, so dq, ~1e-9 here, is only checked
+    absolutely)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from coulomb_attention.nn.ops import causal as CA
+
+    t = load_file(str(Path(__file__).parent / "data" / "causal_favor_denormal_row.safetensors"))
+
+    def grads():
+        q, k, v = (t[x].clone().requires_grad_() for x in "qkv")
+        AF.causal_favor_attention(q, k, v, t["omega"], order="linear").backward(t["g"])
+        return q.grad, k.grad, v.grad
+
+    monkeypatch.setattr(CA, "_ROW_CAP", 0.0)
+    assert not all(bool(torch.isfinite(g).all()) for g in grads())  # the old rule: NaN
+    monkeypatch.undo()
+    fast = grads()
+    q, k, v = (t[x].double().requires_grad_() for x in "qkv")
+    AF.naive_favor_attention(q, k, v, t["omega"].double(), causal=True).backward(
+        t["g"].double())
+    assert all(bool(torch.isfinite(g).all()) for g in fast)
+    assert rel_err(fast[1].double(), k.grad) < 1e-4 and rel_err(fast[2].double(), v.grad) < 1e-4
+    assert float((fast[0].double() - q.grad).abs().max()) < 1e-5 * float(k.grad.abs().max())

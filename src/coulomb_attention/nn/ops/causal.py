@@ -23,6 +23,12 @@ from .quadratic import favor_attention_quadratic
 __all__ = ["causal_linear_attention", "causal_favor_attention"]
 
 
+# Cap (in log units) on how far below its shift a key feature's prefix max may lie and still
+# set a row's query shift: query features stay <= exp(60) ~ 1e26 (finite in float32, also in
+# the masked upper triangle of a block).
+_ROW_CAP = 60.0
+
+
 def _causal_chunks(pq, pk, v, key_mask, chunk, shift=None):
     """Shared loop of the causal ops: ``pq``/``pk`` (B, H', L, M) are query features and key
     *logits or features*; with ``shift`` a callable, the keys are exponentiated here with an
@@ -39,11 +45,16 @@ def _causal_chunks(pq, pk, v, key_mask, chunk, shift=None):
     for t0, t1 in _chunks(L, chunk):
         fq, fk = pq[:, :, t0:t1], pk[:, :, t0:t1]
         if shift is not None:  # fk are key logits, fq query logits: shift, then exponentiate
+            # prefix max of each key feature up to row t (earlier blocks: c; this block:
+            # cummax), for the query shift: a feature's block max may come from a key *after*
+            # t, and shifting by it alone can leave a row's normaliser tiny (its backward then
+            # overflowed: NaN gradients in training)
+            p = torch.maximum(c, torch.cummax(fk, dim=-2).values).detach()  # (B, H, c, M)
             c_new = torch.maximum(c, fk.amax(-2, keepdim=True)).detach()
             state = state * torch.exp(c - _safe(c_new)).transpose(-1, -2)
             c = c_new
             fk = torch.exp(fk - _safe(c))
-            fq = shift(fq + c)
+            fq = shift(fq + c, p - _safe(c))
         tri = torch.ones(t1 - t0, t1 - t0, dtype=torch.bool, device=v.device).tril()
         a = (fq @ fk.transpose(-1, -2)).masked_fill(~tri, 0.0)  # (B, H, c, c), s <= t
         n = fq @ state + a @ v1[:, :, t0:t1]  # (B, H, c, e + 1)
@@ -137,9 +148,16 @@ def causal_favor_attention(
         if key_mask is not None:
             a = a.masked_fill(~key_mask[:, None, :, None], -math.inf)
 
-        def exp_rows(x):  # query features, shifted by their row max (cancels in the ratio)
-            top = _safe(x.amax(-1, keepdim=True).detach())
-            return torch.exp(x - top)
+        def exp_rows(x, rel):
+            """Query features ``exp(x - s_t)``, ``x = b + c`` (the key shift added back), with
+            the row shift ``s_t = max_m (x_m + max(rel_m, -_ROW_CAP))`` (cancels in the ratio),
+            ``rel = p - c <= 0`` the prefix max of key feature m up to row t relative to its
+            shift. The feature that attains ``s_t`` has a key at or before t with feature
+            ``exp(rel_m)``, so the row's normaliser is >= 1 (unless its best feature is capped:
+            all of its keys so far are > _ROW_CAP below the block's), and every query feature
+            is <= exp(_ROW_CAP), finite in float32."""
+            top = (x + rel.clamp_min(-_ROW_CAP)).amax(-1, keepdim=True).detach()
+            return torch.exp(x - _safe(top))
 
         out = _causal_chunks(b, a, v, key_mask, chunk, shift=exp_rows)
     return out.to(v.dtype)
