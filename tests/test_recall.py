@@ -136,6 +136,25 @@ def test_token_pair_alignment_matches_naive_twin_and_finite_differences(feature,
     assert abs(float(v2 - value)) < 1e-12 and torch.allclose(g2, grad, atol=1e-12)
 
 
+def test_token_pair_alignment_is_finite_at_float32_overflow_norms():
+    """float32 inputs whose unshifted FAVOR+ features overflow float32 (exp(|w|^2/2) with
+    |w| ~ 20): the term computes in float64, so value and gradient stay finite and equal
+    the float64 twin (phase A of FAVOR+ M = 128 at the MQAR hard level hit NaN energies)."""
+    gen = torch.Generator().manual_seed(3)
+    (q, k, valid), tgt = _pair_batch(gen, dtype=torch.float32)
+    omega = torch.randn(6, 3, generator=gen)
+    omega = 20.0 * omega / omega.norm(dim=-1, keepdim=True)
+    q, k = 6.0 * q, 6.0 * k
+    assert not torch.isfinite(features.positive(q.double(), omega.double()).float()).all()
+    value, grad, _ = TokenPairAlignment(features.positive).value_and_grad(
+        omega, [((q, k, valid), tgt)])
+    assert torch.isfinite(value) and torch.isfinite(grad).all()
+    w = omega.double().requires_grad_(True)
+    naive = token_pair_alignment_naive(
+        features.positive, w, [((q.double(), k.double(), valid), tgt.double())])
+    assert abs(float(value) + float(naive.detach())) < 1e-6
+
+
 def test_token_pair_alignment_is_one_for_attention_on_the_target():
     # a kernel that is (numerically) zero off the target: P = Y, so A = 1
     q = torch.zeros(1, 1, 2, 2, dtype=torch.float64)

@@ -55,9 +55,13 @@ def token_pair_stats(
     center : center each row over its valid keys (default) or not
     """
     q, k, valid = inputs
-    phi_q = feature(q, omega)  # (B, H, R, M)
-    phi_k = feature(k, omega)  # (B, H, S, M)
-    kern = (phi_q @ phi_k.transpose(-1, -2)).mean(1).to(STAT_DTYPE)  # (B, R, S)
+    # features in float64: the unshifted exp-type maps reach exp(|omega|^2 / 2) (exp(288) for
+    # particles on the ball of radius 3 sqrt(64)), which overflows float32 (NaN energies in
+    # phase A) but not float64 (up to |omega| ~ 37)
+    w = omega.to(STAT_DTYPE)
+    phi_q = feature(q.to(STAT_DTYPE), w)  # (B, H, R, M)
+    phi_k = feature(k.to(STAT_DTYPE), w)  # (B, H, S, M)
+    kern = (phi_q @ phi_k.transpose(-1, -2)).mean(1)  # (B, R, S)
     w = valid.to(STAT_DTYPE)
     kern = kern * w
     p = kern / kern.sum(-1, keepdim=True).clamp_min(torch.finfo(STAT_DTYPE).tiny)
