@@ -14,6 +14,7 @@ from coulomb_attention.energy.token_pair import (
 from coulomb_attention.nn import KernelAttention
 from coulomb_attention.nn.attention import ATTENTION_FEATURES
 from coulomb_attention.nn.recall import RecallModel, RecallModelConfig
+from helpers import finite_diff_grad
 
 # ---------------------------------------------------------------- attention "none"
 
@@ -120,14 +121,7 @@ def test_token_pair_alignment_matches_naive_twin_and_finite_differences(feature,
     assert abs(info["alignment"] - float(naive.detach())) < 1e-12
     assert torch.allclose(grad, -naive_grad, rtol=1e-9, atol=1e-12)
     # central finite differences of the energy
-    h = 1e-6
-    fd = torch.zeros_like(omega)
-    for i in range(omega.shape[0]):
-        for j in range(omega.shape[1]):
-            e = torch.zeros_like(omega)
-            e[i, j] = h
-            fd[i, j] = (term.value_and_grad(omega + e, batches)[0]
-                        - term.value_and_grad(omega - e, batches)[0]) / (2 * h)
+    fd = finite_diff_grad(lambda w: term.value_and_grad(w, batches)[0], omega)
     assert torch.allclose(grad, fd, rtol=1e-5, atol=1e-8)
     # the value does not depend on how the data is batched
     joined = [((torch.cat([b[0][0] for b in batches]), torch.cat([b[0][1] for b in batches]),

@@ -19,6 +19,7 @@ from coulomb_attention.energy import (
     naive_teacher_value,
     per_head,
 )
+from helpers import finite_diff_grad
 
 
 def _batch(gen, B=3, H=2, R=4, S=6, dh=4, values=True, scale=0.6):
@@ -48,14 +49,7 @@ def test_value_matches_naive_twin_and_gradient_matches_finite_differences(phi, o
     assert info["rows"] == 2 * (4 + 4 + 2) + 2 * (4 + 2)
     assert kl > 0
     # central finite differences in every coordinate
-    h = 1e-6
-    fd = torch.zeros_like(omega)
-    for i in range(omega.shape[0]):
-        for j in range(omega.shape[1]):
-            e = torch.zeros_like(omega)
-            e[i, j] = h
-            fd[i, j] = (float(term.value_and_grad(omega + e, batches)[0])
-                        - float(term.value_and_grad(omega - e, batches)[0])) / (2 * h)
+    fd = finite_diff_grad(lambda w: term.value_and_grad(w, batches)[0], omega)
     assert float((grad - fd).norm() / fd.norm()) < 1e-6
 
 
