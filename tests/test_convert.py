@@ -21,7 +21,7 @@ from coulomb_attention.train.distill import (
     distill_attention,
     hedgehog_features,
 )
-from test_pretrained import TINY, WORDS, _tiny_state
+from test_pretrained import TINY, write_tiny_bert
 
 SENTENCES = ["the movie was good", "a bad film , not fun", "great", "it is not good",
              "the film was a great fun", "bad , bad movie", "it was fun", "not a film",
@@ -30,18 +30,8 @@ SENTENCES = ["the movie was good", "a bad film , not fun", "great", "it is not g
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-bert-convert")
-    (path / "config.json").write_text(json.dumps(TINY))
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    vocab += [f"tok{i}" for i in range(TINY["vocab_size"] - len(vocab))]
-    (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
     # larger q/k weights than the loader tests: attention far from uniform, so it is learnable
-    state = _tiny_state(TINY, torch.Generator().manual_seed(0))
-    for k in state:
-        if "query.weight" in k or "key.weight" in k:
-            state[k] = state[k] * 4
-    torch.save(state, path / "pytorch_model.bin")
-    return path
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert-convert"), qk_scale=4.0)
 
 
 @pytest.fixture(scope="module")

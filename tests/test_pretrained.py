@@ -83,15 +83,24 @@ def _tiny_state(cfg: dict, gen: torch.Generator) -> dict[str, torch.Tensor]:
     return s
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-bert")
+def write_tiny_bert(path, qk_scale: float = 1.0):
+    """A tiny BERT checkpoint directory (config, vocabulary, weights) at ``path``; the query and
+    key weights multiplied by ``qk_scale`` (> 1: attention far from uniform)."""
     (path / "config.json").write_text(json.dumps(TINY))
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
     vocab += [f"tok{i}" for i in range(TINY["vocab_size"] - len(vocab))]
     (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.save(_tiny_state(TINY, torch.Generator().manual_seed(0)), path / "pytorch_model.bin")
+    state = _tiny_state(TINY, torch.Generator().manual_seed(0))
+    if qk_scale != 1.0:
+        state = {k: v * qk_scale if "query.weight" in k or "key.weight" in k else v
+                 for k, v in state.items()}
+    torch.save(state, path / "pytorch_model.bin")
     return path
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 def _naive_bert(state: dict, cfg: dict, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
