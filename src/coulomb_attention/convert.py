@@ -35,7 +35,7 @@ import torch
 from ._validation import check_choice, check_positive
 from .nn.attention import ATTENTION_FEATURES
 from .results import atomic_write_json, save_tensors
-from .train.distill import DistillConfig, distill_attention
+from .train.distill import DistillConfig, distill_attention, refine_encoder
 
 __all__ = [
     "ConvertConfig",
@@ -322,10 +322,12 @@ def convert_encoder(
     if config.sentences_file:
         sentences = read_sentence_file(config.sentences_file)
     else:
-        sentences = load_sentences(config.tasks, "train", data_dir,
-                                   config.distill.n_examples + config.distill.holdout,
+        dc = config.distill
+        pool = max(dc.n_examples, dc.refine_examples if dc.refine_steps else 0)
+        sentences = load_sentences(config.tasks, "train", data_dir, pool + dc.holdout,
                                    config.seed)
     records: list[dict] = []
+    refine: dict | None = None
     distill_s = 0.0
     if config.variant in ("particles", "hedgehog"):
         ids, mask = _encode_texts(tok, sentences, config.max_length)
@@ -345,8 +347,15 @@ def convert_encoder(
             on_layer_done=(lambda nl, rec, gs: _save_progress(state_dir, model, nl, rec, gs,
                                                               stamp))
             if config.variant == "particles" else None)
-        distill_s = time.perf_counter() - t0 + (sum(r["time_s"] for r in resume["records"])
-                                                if resume else 0.0)
+        # time_s is the layer's time, on each of its head-group records
+        distill_s = time.perf_counter() - t0 + (
+            sum({r["layer"]: r["time_s"] for r in resume["records"]}.values()) if resume
+            else 0.0)
+        if dcfg.refine_steps:
+            refine = refine_encoder(model, teacher, ids, mask, dcfg,
+                                    generator=torch.Generator().manual_seed(config.seed),
+                                    progress=progress)
+            distill_s += refine["time_s"]
     if config.variant in ("particles", "vanilla"):
         save_pretrained_encoder(model, out / "checkpoint", vocab_from=directory,
                                 extra={"variant": config.variant, "seed": config.seed,
@@ -356,7 +365,8 @@ def convert_encoder(
         for r in records:
             f.write(json.dumps(r) + "\n")
     result: dict[str, Any] = {"config": _to_json(config), "encoder_dir": str(directory),
-                              "n_sentences": len(sentences), "distill_s": distill_s}
+                              "n_sentences": len(sentences), "distill_s": distill_s,
+                              "refine": refine}
     if evaluate:
         t0 = time.perf_counter()
         held = load_sentences(("sst2", "rotten_tomatoes", "qqp") if config.sentences_file

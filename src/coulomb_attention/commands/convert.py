@@ -51,6 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lam", type=float, default=d.lam, help="Riesz repulsion strength")
     p.add_argument("--output-weight", type=float, default=d.output_weight)
     p.add_argument("--lr", type=float, default=d.lr, help="Adam lr of the hedgehog baseline")
+    p.add_argument("--refine-steps", type=int, default=d.refine_steps,
+                   help="steps of the joint refinement of all layers' particles against the "
+                        "teacher's sentence embeddings (0: none)")
+    p.add_argument("--refine-sentences", type=int, default=d.refine_examples,
+                   help="sentences the refinement fits on")
+    p.add_argument("--refine-eta", type=float, default=d.refine_eta)
+    p.add_argument("--refine-max-drift", type=float, default=d.refine_max_drift)
     p.add_argument("--eval-sentences", type=int, default=c.eval_sentences)
     p.add_argument("--probe-tasks", nargs="*", default=list(c.probe_tasks))
     p.add_argument("--probe-train", type=int, default=c.probe_train)
@@ -75,7 +82,11 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
     distill = DistillConfig(n_examples=args.n_sentences, holdout=args.holdout, steps=args.steps,
                             batch_size=args.batch_size, rows_per_sequence=args.rows,
                             eta=args.eta, eta_end=args.eta_end, beta=args.beta, lam=args.lam,
-                            output_weight=args.output_weight, lr=args.lr)
+                            output_weight=args.output_weight, lr=args.lr,
+                            refine_steps=args.refine_steps,
+                            refine_examples=args.refine_sentences, refine_eta=args.refine_eta,
+                            refine_eta_end=args.refine_eta / 10,
+                            refine_max_drift=args.refine_max_drift)
     return ConvertConfig(encoder=args.encoder, feature_map=args.feature_map,
                          n_features=args.n_features, seed=args.seed, variant=args.variant,
                          distill=distill, tasks=tuple(args.tasks),

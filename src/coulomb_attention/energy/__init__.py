@@ -20,13 +20,21 @@ from .riesz import (
     row_block,
     sharded_riesz_energy_and_grad,
 )
-from .teacher import TeacherAttention, TeacherBatch, naive_teacher_value, per_head, teacher_rows
+from .teacher import (
+    EmbeddingTeacher,
+    TeacherAttention,
+    TeacherBatch,
+    naive_teacher_value,
+    per_head,
+    teacher_rows,
+)
 from .terms import Comm, DataTerm, LabelAlignment, LinearPotential
 from .token_pair import TokenPairAlignment as TokenPairAlignment
 
 __all__ = [
     "Comm",
     "DataTerm",
+    "EmbeddingTeacher",
     "LabelAlignment",
     "LinearPotential",
     "TeacherAttention",

@@ -32,8 +32,8 @@ import torch
 
 from .terms import Comm
 
-__all__ = ["TeacherAttention", "TeacherBatch", "naive_teacher_value", "per_head",
-           "teacher_rows"]
+__all__ = ["EmbeddingTeacher", "TeacherAttention", "TeacherBatch", "naive_teacher_value",
+           "per_head", "teacher_rows"]
 
 FeatureFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -216,6 +216,77 @@ class TeacherAttention:
         has_v = any(b.v is not None for b in batches)
         return {"kl": float(stats[0] / rows),
                 "mse": float(stats[1] / rows) if has_v else float("nan"), "rows": rows}
+
+
+@dataclass
+class EmbeddingTeacher:
+    """Data term of the joint (end-to-end) refinement: the student's sentence embeddings
+    against the teacher's,
+
+        D(Omega) = (1 / n) sum_sentences (1 - cos(e(x; Omega), e_teacher(x)))
+
+    where ``e(x; Omega)`` runs the whole converted encoder with the particles ``Omega`` of all
+    its layers (every other weight fixed), so the layers' particles can correct each other's
+    errors instead of each copying its own softmax rows. A mean over sentences (O(1) whatever
+    their number), a sum divided by a count (exact across processes with ``comm``).
+
+    Parameters
+    ----------
+    embed : ``embed(omega, inputs) -> (B, D)`` the student embeddings with particles ``omega``
+        (differentiable in ``omega``; any shape the caller's particle layout uses)
+
+    ``batches`` are ``(inputs, target (B, D))`` pairs. Returns ``(value (), grad (shape of
+    omega), info)`` with ``info = {"cos", "sentences"}`` (mean cosine).
+    """
+
+    embed: Callable[[torch.Tensor, object], torch.Tensor]
+
+    def __post_init__(self) -> None:
+        if not callable(self.embed):
+            raise TypeError("embed must be callable: embed(omega, inputs) -> (B, D)")
+
+    def sums(self, omega: torch.Tensor, batches: Sequence, *, grad: bool = True):
+        """``[sum of (1 - cos), sentences]`` (2,) float64 and the gradient of the sum."""
+        w = omega.detach().requires_grad_(grad)
+        stats = torch.zeros(2, dtype=torch.float64)
+        g = torch.zeros_like(w)
+        for inputs, target in batches:
+            with torch.set_grad_enabled(grad):
+                e = self.embed(w, inputs)
+                if e.ndim != 2 or tuple(e.shape) != tuple(target.shape):
+                    raise ValueError(f"embeddings of shape {tuple(e.shape)} do not match the "
+                                     f"targets' {tuple(target.shape)}")
+                loss = (1 - torch.nn.functional.cosine_similarity(
+                    e, target.to(e), dim=-1)).sum()
+                if grad:
+                    (gc,) = torch.autograd.grad(loss, w)
+                    g += gc
+            stats += torch.tensor([float(loss.detach()), float(e.shape[0])], dtype=torch.float64)
+        return stats, g
+
+    def value_and_grad(self, omega: torch.Tensor, batches: Sequence, comm: Comm | None = None):
+        stats, g = self.sums(omega, batches)
+        if comm is not None:
+            stats, g = comm.reduce([stats, g])
+        n = float(stats[1])
+        if n == 0:
+            raise ValueError("no sentences in the batches")
+        value = stats[0] / n
+        return value.to(omega.dtype), (g / n).to(omega.dtype), {"cos": float(1 - value),
+                                                                 "sentences": n}
+
+    __call__ = value_and_grad
+
+    def evaluate(self, omega: torch.Tensor, batches: Sequence,
+                 comm: Comm | None = None) -> dict[str, float]:
+        """``{"cos", "sentences"}`` without the gradient."""
+        stats, _ = self.sums(omega, batches, grad=False)
+        if comm is not None:
+            (stats,) = comm.reduce([stats])
+        n = float(stats[1])
+        if n == 0:
+            raise ValueError("no sentences in the batches")
+        return {"cos": float(1 - stats[0] / n), "sentences": n}
 
 
 def per_head(feature: FeatureFn) -> FeatureFn:

@@ -46,7 +46,14 @@ from torch import nn
 
 from .._validation import check_choice, check_nonnegative, check_positive
 from ..dynamics import cycle, learn_particles
-from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, per_head
+from ..energy import (
+    POTENTIALS,
+    EmbeddingTeacher,
+    Hamiltonian,
+    TeacherAttention,
+    TeacherBatch,
+    per_head,
+)
 from ..nn.attention import AttentionFeature
 from .capture import layer_inputs
 from .phases import langevin_setup
@@ -58,6 +65,8 @@ __all__ = [
     "capture_teacher_batches",
     "distill_attention",
     "hedgehog_features",
+    "refine_encoder",
+    "split_examples",
     "use_hedgehog_map_",
 ]
 
@@ -89,6 +98,14 @@ class DistillConfig:
     lr : float              Adam learning rate of the ``hedgehog`` baseline
     dtype : str             float64 (default) or float32 for the data term
     layers : tuple or None  layer indices to convert (None: all with particles)
+    refine_steps : int      steps of the joint refinement after the layer-wise distillation
+                            (all layers' particles against the teacher's sentence embeddings,
+                            :func:`refine_encoder`; 0: none)
+    refine_eta, refine_eta_end : float  its step size (cosine schedule)
+    refine_max_drift : float            its cap on one particle's drift per step
+    refine_lr : float       Adam learning rate of the ``hedgehog`` baseline's refinement
+    refine_examples : int   sequences the refinement fits on (the distillation's and further
+                            ones; the held-out ones are never among them)
     """
 
     n_examples: int = 1024
@@ -111,20 +128,27 @@ class DistillConfig:
     lr: float = 0.02
     dtype: str = "float64"
     layers: tuple[int, ...] | None = None
+    refine_steps: int = 0
+    refine_eta: float = 1.0
+    refine_eta_end: float = 0.1
+    refine_max_drift: float = 0.05
+    refine_lr: float = 0.01
+    refine_examples: int = 8192
 
     def __post_init__(self) -> None:
-        for name in ("n_examples", "batch_size", "steps"):
+        for name in ("n_examples", "batch_size", "steps", "refine_examples"):
             check_positive(name, getattr(self, name), integer=True)
-        for name in ("holdout", "rows_per_sequence"):
+        for name in ("holdout", "rows_per_sequence", "refine_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         check_choice("method", self.method, METHODS)
         check_choice("potential", self.potential, POTENTIALS)
         check_choice("dtype", self.dtype, DTYPES)
-        for name in ("eta", "eta_end", "radius", "eps", "lr"):
+        for name in ("eta", "eta_end", "radius", "eps", "lr", "refine_eta", "refine_eta_end",
+                     "refine_lr"):
             check_positive(name, getattr(self, name))
-        for name in ("beta", "lam", "max_drift", "s", "output_weight"):
+        for name in ("beta", "lam", "max_drift", "s", "output_weight", "refine_max_drift"):
             check_nonnegative(name, getattr(self, name))
         if self.layers is not None:
             layers = tuple(self.layers)
@@ -249,6 +273,19 @@ def _evaluate(term, omega, batches, comm):
     return {"kl": r["kl"], "mse": r["mse"]}
 
 
+def split_examples(n: int, config: DistillConfig, generator: torch.Generator
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Indices ``(fit, holdout, rest)`` of ``n`` sequences: the ``n_examples`` fitted by the
+    layer-wise distillation, the ``holdout`` held out, and the remaining ones (which the
+    refinement also fits on, up to ``refine_examples``); a random permutation, the first draw
+    of ``generator``. The distillation and the refinement of one conversion draw it from
+    same-seeded generators, so they share the split."""
+    n_fit = min(config.n_examples, n)
+    n_hold = min(config.holdout, n - n_fit)
+    perm = torch.randperm(n, generator=generator)
+    return perm[:n_fit], perm[n_fit:n_fit + n_hold], perm[n_fit + n_hold:]
+
+
 def distill_attention(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -304,10 +341,8 @@ def distill_attention(
         raise ValueError("no sequences to distil on (input_ids is empty)")
     if config.layers is not None and max(config.layers) >= len(layers):
         raise ValueError(f"layers {config.layers} out of range for {len(layers)} layers")
-    n_fit = min(config.n_examples, n)
-    n_hold = min(config.holdout, n - n_fit)
-    perm = torch.randperm(n, generator=generator)
-    fit_idx, hold_idx = perm[:n_fit], perm[n_fit:n_fit + n_hold]
+    fit_idx, hold_idx, _ = split_examples(n, config, generator)
+    n_fit, n_hold = len(fit_idx), len(hold_idx)
     records: list[dict[str, Any]] = []
     start = 0
     if resume is not None:
@@ -404,6 +439,154 @@ def distill_attention(
         if on_layer_done is not None:
             on_layer_done(li + 1, records, generator.get_state())
     return records
+
+
+# ---------------------------------------------------------------------------- refinement
+
+
+def _embedding_batches(teacher, input_ids, attention_mask, batch_size):
+    """``((ids, mask), teacher embedding)`` batches of sequences of similar length."""
+    lengths = attention_mask.bool().sum(1)
+    order = torch.argsort(lengths, stable=True)
+    device = next(teacher.parameters()).device
+    out = []
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        t = max(int(lengths[idx].max()), 1)
+        ids, mask = input_ids[idx, :t].to(device), attention_mask[idx, :t].to(device)
+        with torch.no_grad():
+            target = teacher.sentence_embedding(ids, mask)
+        out.append(((ids, mask), target))
+    return out
+
+
+class _ParticlesOf:
+    """``embed(omega, (ids, mask))``: the model's sentence embeddings with the particles of
+    ``layers`` replaced by ``omega`` (``(len(layers) * G, M, dh)``, differentiable); every other
+    weight and the stored particles stay as they are."""
+
+    def __init__(self, model, layers):
+        self.model, self.layers = model, layers
+        self.groups = layers[0].omega.shape[0]
+
+    def __call__(self, omega, inputs):
+        G = self.groups
+        saved = [layer._buffers["omega"] for layer in self.layers]
+        try:
+            for j, layer in enumerate(self.layers):
+                layer._buffers["omega"] = omega[j * G:(j + 1) * G].to(saved[j].dtype)
+            return self.model.sentence_embedding(*inputs)
+        finally:
+            for layer, om in zip(self.layers, saved, strict=True):
+                layer._buffers["omega"] = om
+
+
+def refine_encoder(
+    model: nn.Module,
+    teacher: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    config: DistillConfig,
+    *,
+    generator: torch.Generator,
+    progress: bool = False,
+    comm=None,
+) -> dict[str, Any]:
+    """Joint refinement: move the particles of all converted layers together so the converted
+    encoder's sentence embeddings match the teacher's.
+
+    After the layer-wise distillation every layer copies its own softmax rows, so the errors of
+    the layers add up (each layer alone keeps an embedding cosine of 0.98-0.996 on MiniLM, all
+    six together 0.945). Here the particles of every layer are one system of ``L G`` groups
+    (``Hamiltonian(groups=L G)``: repulsion within each head's particles) with the data term
+    :class:`~coulomb_attention.energy.EmbeddingTeacher`, the mean of ``1 - cos`` between the
+    student's and the teacher's sentence embeddings, moved by the one driver
+    (``config.refine_steps`` steps, ``refine_eta -> refine_eta_end``, drift cap
+    ``refine_max_drift``, the same ball, ``beta`` and ``lam``). Only ``omega`` changes. The
+    ``hedgehog`` baseline gets the same refinement with Adam (``refine_lr``) on its ``W``.
+
+    ``input_ids``/``attention_mask`` are the distillation's sequences (and more: the split of
+    :func:`split_examples`, drawn from ``generator`` seeded as the distillation's, keeps its
+    fit and held-out sequences; the refinement fits on the fit sequences and the rest, up to
+    ``refine_examples``: with 1,024 sentences the 6 x 12 x 64 particles of MiniLM overfit,
+    fit cosine 0.985 vs held-out 0.961 after 100 steps). Returns a record: ``stage``
+    "refine", ``cos_before``/``cos_after`` (on the distillation's fit sequences),
+    ``holdout_cos_before``/``..._after``, ``energy_first``/``energy_last``, ``omega_shift``,
+    ``steps``, ``time_s``.
+    """
+    if not isinstance(config, DistillConfig):
+        raise TypeError(f"config must be a DistillConfig, got {type(config).__name__}")
+    if config.refine_steps <= 0:
+        raise ValueError("refine_steps must be > 0 to refine")
+    layers = [layer for i, layer in enumerate(model.attention_layers)
+              if layer.has_features and (config.layers is None or i in config.layers)]
+    if not layers:
+        raise ValueError("the model has no attention layer with particles to refine")
+    if len({tuple(layer.omega.shape) for layer in layers}) != 1:
+        raise ValueError("refinement needs the same particle shape in every layer")
+    t0 = time.perf_counter()
+    fit_idx, hold_idx, rest = split_examples(input_ids.shape[0], config, generator)
+    noise = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    train_idx = torch.cat([fit_idx, rest])[:max(config.refine_examples, len(fit_idx))]
+    train_b = _embedding_batches(teacher, input_ids[train_idx], attention_mask[train_idx],
+                                 config.batch_size)
+    fit_b = _embedding_batches(teacher, input_ids[fit_idx], attention_mask[fit_idx],
+                               config.batch_size)
+    hold_b = (_embedding_batches(teacher, input_ids[hold_idx], attention_mask[hold_idx],
+                                 config.batch_size) if len(hold_idx) else [])
+    was_training = model.training
+    model.eval()
+    G, M, dh = layers[0].omega.shape
+    omega0 = torch.cat([layer.omega.detach() for layer in layers])  # (L G, M, dh)
+    term = EmbeddingTeacher(_ParticlesOf(model, layers))
+
+    def cos(omega, batches):
+        return term.evaluate(omega, batches, comm)["cos"] if batches else None
+
+    before = (cos(omega0, fit_b), cos(omega0, hold_b))
+    order = torch.randperm(len(train_b), generator=generator).tolist()
+    if config.method == "hedgehog":
+        w = omega0[:, :M // 2].clone().requires_grad_(True)
+        opt = torch.optim.Adam([w], lr=config.refine_lr)
+        stream = cycle(train_b, order)
+        trace = []
+        for _ in range(config.refine_steps):
+            value, grad, _ = term.value_and_grad(torch.cat([w.detach(), -w.detach()], 1),
+                                                 [next(stream)], comm)
+            opt.zero_grad()
+            w.grad = grad[:, :M // 2] - grad[:, M // 2:]
+            opt.step()
+            trace.append({"energy": float(value)})
+        omega = torch.cat([w.detach(), -w.detach()], 1)
+    else:
+        potential, projection, schedule = langevin_setup(dataclasses.replace(
+            config, steps=config.refine_steps, eta=config.refine_eta,
+            eta_end=config.refine_eta_end, max_drift=config.refine_max_drift), dh)
+        ham = Hamiltonian(term, potential, lam=config.lam, groups=len(layers) * G)
+        run = learn_particles(ham, omega0.reshape(-1, dh), schedule, cycle(train_b, order),
+                              projection=projection, generator=noise, comm=comm,
+                              progress="refine (all layers)" if progress else False)
+        omega, trace = run.omega.reshape(omega0.shape).to(omega0.dtype), run.trace
+    after = (cos(omega, fit_b), cos(omega, hold_b))
+    for j, layer in enumerate(layers):
+        layer.load_features_(omega[j * G:(j + 1) * G])
+    model.train(was_training)
+    record = {
+        "stage": "refine", "method": config.method, "layers": len(layers),
+        "cos_before": before[0], "cos_after": after[0],
+        "holdout_cos_before": before[1], "holdout_cos_after": after[1],
+        "energy_first": trace[0]["energy"], "energy_last": trace[-1]["energy"],
+        "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
+        "n_fit": len(fit_idx), "n_refine": len(train_idx), "n_holdout": len(hold_idx),
+        "steps": config.refine_steps,
+        "time_s": time.perf_counter() - t0,
+    }
+    if progress:
+        msg = f"  refine: embedding cosine {before[0]:.4f} -> {after[0]:.4f}"
+        if hold_b:
+            msg += f" (held-out {before[1]:.4f} -> {after[1]:.4f})"
+        print(msg + f", {record['time_s']:.0f} s", flush=True)
+    return record
 
 
 def align_to_softmax(
