@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import finite_diff_grad
 
 from coulomb_attention.energy import Comm, EmbeddingTeacher
 from coulomb_attention.nn.pretrained import load_pretrained_encoder, load_pretrained_tokenizer
@@ -15,7 +14,7 @@ from coulomb_attention.train.distill import (
     distill_attention,
     refine_encoder,
 )
-
+from helpers import finite_diff_grad
 from test_convert import SENTENCES
 from test_pretrained import write_tiny_bert
 
