@@ -204,6 +204,9 @@ def test_convert_run_resumes_and_cli_errors(tiny_dir, tmp_path, capsys):
     res = convert_encoder(cfg, out, log=lambda *_: None)
     ref = convert_encoder(cfg, tmp_path / "ref", log=lambda *_: None)
     assert res["fidelity"] == ref["fidelity"] and not (out / "state").exists()
+    # the joint refinement ran after the resumed layers, as in the uninterrupted run
+    assert res["refine"]["steps"] == 200 and res["refine"] == {**ref["refine"],
+                                                                "time_s": res["refine"]["time_s"]}
     assert res["probe"]["sst2"]["n_eval"] == 30 and 0 <= res["fidelity"]["cos_p5"] <= 1
     back = load_pretrained_encoder(out / "checkpoint")
     assert back.config.n_features == 8
@@ -211,9 +214,12 @@ def test_convert_run_resumes_and_cli_errors(tiny_dir, tmp_path, capsys):
     rc = main(["convert", "--encoder", str(tiny_dir), "--n-features", "4", "--sentences",
                str(sent), "--n-sentences", "9", "--holdout", "3", "--steps", "2",
                "--batch-size", "3", "--max-length", "16", "--eval-sentences", "8",
-               "--probe-tasks", "--out", str(tmp_path / "cli"), "--no-progress"])
+               "--refine-steps", "3", "--probe-tasks", "--out", str(tmp_path / "cli"),
+               "--no-progress"])
     assert rc == 0
     assert (tmp_path / "cli" / "report.md").is_file() and (tmp_path / "cli" / "kl.png").is_file()
+    report = (tmp_path / "cli" / "report.md").read_text()
+    assert "## Joint refinement" in report and "3 steps on 9 sentences" in report, report
     # bad input: one line, exit 2
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")

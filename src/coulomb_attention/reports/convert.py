@@ -59,8 +59,9 @@ def write_convert_report(directory: str | Path) -> Path:
     cfg = res["config"]
     lines = [f"# Conversion of `{cfg['encoder']}` to {cfg['feature_map']} "
              f"(M={cfg['n_features']} per head, variant {cfg['variant']}, seed {cfg['seed']})",
-             "", f"Distilled on {res['n_sentences']} sentences; distillation "
-             f"{res['distill_s']:.0f} s, total {res['total_s']:.0f} s.", ""]
+             "", f"{res['n_sentences']} training sentences loaded; conversion (layer-wise "
+             f"distillation + joint refinement) {res['distill_s']:.0f} s, total "
+             f"{res['total_s']:.0f} s.", ""]
     if records:
         lines += ["## Row KL / output MSE per layer (mean over heads; held-out sentences)", "",
                   "| layer | KL before | KL after | MSE before | MSE after | time s |",
@@ -80,6 +81,15 @@ def write_convert_report(directory: str | Path) -> Path:
         _plot_records(records, "kl", "row KL to softmax", d / "kl.png")
         if all(r.get("mse_before") is not None for r in records):
             _plot_records(records, "mse", "output MSE", d / "mse.png")
+    ref = res.get("refine")
+    if ref:
+        lines += ["## Joint refinement (all layers' particles, sentence-embedding cosine)", "",
+                  f"{ref['steps']} steps on {ref['n_refine']} sentences, {ref['time_s']:.0f} s: "
+                  f"embedding cosine to the teacher {_f(ref['cos_before'])} -> "
+                  f"{_f(ref['cos_after'])} on the {ref['n_fit']} layer-wise fit sentences"
+                  + (f", {_f(ref['holdout_cos_before'])} -> {_f(ref['holdout_cos_after'])} on "
+                     f"the {ref['n_holdout']} held-out ones" if ref.get("n_holdout") else "")
+                  + f"; particles moved by {ref['omega_shift']:.3f} (relative).", ""]
     if "fidelity" in res:
         fid = res["fidelity"]
         lines += ["## Fidelity (no labels)", "",

@@ -128,12 +128,12 @@ class DistillConfig:
     lr: float = 0.02
     dtype: str = "float64"
     layers: tuple[int, ...] | None = None
-    refine_steps: int = 0
+    refine_steps: int = 200
     refine_eta: float = 1.0
     refine_eta_end: float = 0.1
     refine_max_drift: float = 0.05
     refine_lr: float = 0.01
-    refine_examples: int = 8192
+    refine_examples: int = 4096
 
     def __post_init__(self) -> None:
         for name in ("n_examples", "batch_size", "steps", "refine_examples"):
