@@ -324,7 +324,10 @@ def distill_attention(
     list of dict, one per (layer, head group): ``layer``, ``heads`` ([start, stop)),
     ``method``, ``kl_before``/``kl_after`` and ``mse_before``/``mse_after`` (fit sequences),
     ``holdout_kl_before``/``..._after``, ``holdout_mse_before``/``..._after`` (held-out; None
-    without holdout), ``energy_first``/``energy_last``, ``omega_shift``
+    without holdout), ``run_energy_first``/``run_energy_last`` (the energy of the run that moved
+    the group: with the langevin method all groups of a layer move in one run, so this is the
+    layer's energy, the mean over its groups; the group's own fit are ``kl_before/after``),
+    ``omega_shift``
     (``|omega - omega0| / |omega0|``), ``n_fit``, ``n_holdout``, ``steps``, ``time_s``.
     """
     if not isinstance(config, DistillConfig):
@@ -418,7 +421,8 @@ def distill_attention(
                 "holdout_kl_before": before[g][1]["kl"], "holdout_kl_after": hold_after["kl"],
                 "holdout_mse_before": before[g][1]["mse"],
                 "holdout_mse_after": hold_after["mse"],
-                "energy_first": traces[g][0]["energy"], "energy_last": traces[g][-1]["energy"],
+                "run_energy_first": traces[g][0]["energy"],
+                "run_energy_last": traces[g][-1]["energy"],
                 "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
                 "n_fit": n_fit, "n_holdout": n_hold, "steps": config.steps,
             })
