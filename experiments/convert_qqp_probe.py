@@ -2,8 +2,8 @@
 
     python experiments/convert_qqp_probe.py [CHECKPOINT] [--data-dir ../shared/data]
 
-CHECKPOINT defaults to ``runs/convert/favor64_batched/checkpoint`` (written by
-``coulomb-attention convert ... --out runs/convert/favor64_batched``). 2,000 training pairs,
+CHECKPOINT defaults to ``runs/convert/favor64_refine/checkpoint`` (written by
+``coulomb-attention convert ... --out runs/convert/favor64_refine``). 2,000 training pairs,
 2,000 random pairs of the evaluation split; writes ``runs/convert/qqp_probe.json``.
 """
 
@@ -25,7 +25,7 @@ from coulomb_attention.nn.pretrained import (
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("checkpoint", nargs="?", default="runs/convert/favor64_batched/checkpoint")
+    p.add_argument("checkpoint", nargs="?", default="runs/convert/favor64_refine/checkpoint")
     p.add_argument("--data-dir", default="../shared/data")
     p.add_argument("--out", default="runs/convert/qqp_probe.json")
     args = p.parse_args()
