@@ -244,23 +244,23 @@ def use_hedgehog_map_(layer) -> None:
     layer.load_features_(torch.cat([w, -w], 1))
 
 
-def _fit_hedgehog(term, omega0, batches, config, generator):
-    """Adam on ``W`` (omega = [W; -W]) for ``config.steps`` steps, one batch per step."""
-    half = omega0.shape[0] // 2
-    w = omega0[:half].clone().requires_grad_(True)
-    opt = torch.optim.Adam([w], lr=config.lr)
-    order = torch.randperm(len(batches), generator=generator).tolist()
-    stream = cycle(batches, order)
+def _fit_hedgehog(term, omega0, stream, steps, lr, dim=0, comm=None):
+    """Adam on ``W`` with ``omega = [W; -W]`` along ``dim`` for ``steps`` steps, one batch of
+    ``stream`` per step (the baseline's layer-wise fit, ``dim`` 0 of one group's (M, d), and its
+    refinement, ``dim`` 1 of all groups' (L G, M, d)). Returns ``(omega, trace)``."""
+    half = omega0.shape[dim] // 2
+    w = omega0.narrow(dim, 0, half).clone().requires_grad_(True)
+    opt = torch.optim.Adam([w], lr=lr)
     trace = []
-    for _ in range(config.steps):
-        omega = torch.cat([w.detach(), -w.detach()])
-        value, grad, info = term.value_and_grad(omega, [next(stream)])
+    for _ in range(steps):
+        wd = w.detach()
+        value, grad, info = term.value_and_grad(torch.cat([wd, -wd], dim), [next(stream)], comm)
         opt.zero_grad()
-        w.grad = grad[:half] - grad[half:]
+        w.grad = grad.narrow(dim, 0, half) - grad.narrow(dim, half, half)
         opt.step()
         trace.append({"energy": float(value), **info})
     wd = w.detach()
-    return torch.cat([wd, -wd]), trace
+    return torch.cat([wd, -wd], dim), trace
 
 
 # ---------------------------------------------------------------------------- distillation
@@ -406,7 +406,9 @@ def distill_attention(
             traces = [run.trace] * groups
         else:
             for g in range(groups):
-                omega, trace = _fit_hedgehog(term, omega_all[g], fit_g[g], config, generator)
+                order = torch.randperm(len(fit_g[g]), generator=generator).tolist()
+                omega, trace = _fit_hedgehog(term, omega_all[g], cycle(fit_g[g], order),
+                                             config.steps, config.lr)
                 new_omega[g] = omega
                 traces.append(trace)
         layer_records = []
@@ -448,20 +450,26 @@ def distill_attention(
 # ---------------------------------------------------------------------------- refinement
 
 
-def _embedding_batches(teacher, input_ids, attention_mask, batch_size):
-    """``((ids, mask), teacher embedding)`` batches of sequences of similar length."""
+def _embedding_batches(teacher, input_ids, attention_mask, batch_size, targets=None):
+    """``((ids, mask), teacher embedding)`` batches of sequences of similar length, and the
+    teacher embeddings in row order (``targets``, when given, are those: not recomputed)."""
     lengths = attention_mask.bool().sum(1)
     order = torch.argsort(lengths, stable=True)
     device = next(teacher.parameters()).device
-    out = []
+    out, rows = [], [None] * len(order)
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         t = max(int(lengths[idx].max()), 1)
         ids, mask = input_ids[idx, :t].to(device), attention_mask[idx, :t].to(device)
-        with torch.no_grad():
-            target = teacher.sentence_embedding(ids, mask)
+        if targets is None:
+            with torch.no_grad():
+                target = teacher.sentence_embedding(ids, mask)
+        else:
+            target = targets[idx.to(targets.device)]
         out.append(((ids, mask), target))
-    return out
+        for i, row in zip(idx.tolist(), target, strict=True):
+            rows[i] = row
+    return out, torch.stack(rows) if rows else None
 
 
 class _ParticlesOf:
@@ -532,15 +540,16 @@ def refine_encoder(
     fit_idx, hold_idx, rest = split_examples(input_ids.shape[0], config, generator)
     noise = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
     train_idx = torch.cat([fit_idx, rest])[:max(config.refine_examples, len(fit_idx))]
-    train_b = _embedding_batches(teacher, input_ids[train_idx], attention_mask[train_idx],
-                                 config.batch_size)
-    fit_b = _embedding_batches(teacher, input_ids[fit_idx], attention_mask[fit_idx],
-                               config.batch_size)
-    hold_b = (_embedding_batches(teacher, input_ids[hold_idx], attention_mask[hold_idx],
-                                 config.batch_size) if len(hold_idx) else [])
+    train_b, train_targets = _embedding_batches(teacher, input_ids[train_idx],
+                                                attention_mask[train_idx], config.batch_size)
+    # the fit sequences lead train_idx: their teacher embeddings are already computed
+    fit_b, _ = _embedding_batches(teacher, input_ids[fit_idx], attention_mask[fit_idx],
+                                  config.batch_size, targets=train_targets[:len(fit_idx)])
+    hold_b, _ = _embedding_batches(teacher, input_ids[hold_idx], attention_mask[hold_idx],
+                                   config.batch_size)
     was_training = model.training
     model.eval()
-    G, M, dh = layers[0].omega.shape
+    G, _, dh = layers[0].omega.shape
     omega0 = torch.cat([layer.omega.detach() for layer in layers])  # (L G, M, dh)
     term = EmbeddingTeacher(_ParticlesOf(model, layers))
 
@@ -550,18 +559,8 @@ def refine_encoder(
     before = (cos(omega0, fit_b), cos(omega0, hold_b))
     order = torch.randperm(len(train_b), generator=generator).tolist()
     if config.method == "hedgehog":
-        w = omega0[:, :M // 2].clone().requires_grad_(True)
-        opt = torch.optim.Adam([w], lr=config.refine_lr)
-        stream = cycle(train_b, order)
-        trace = []
-        for _ in range(config.refine_steps):
-            value, grad, _ = term.value_and_grad(torch.cat([w.detach(), -w.detach()], 1),
-                                                 [next(stream)], comm)
-            opt.zero_grad()
-            w.grad = grad[:, :M // 2] - grad[:, M // 2:]
-            opt.step()
-            trace.append({"energy": float(value)})
-        omega = torch.cat([w.detach(), -w.detach()], 1)
+        omega, trace = _fit_hedgehog(term, omega0, cycle(train_b, order), config.refine_steps,
+                                     config.refine_lr, dim=1, comm=comm)
     else:
         potential, projection, schedule = langevin_setup(dataclasses.replace(
             config, steps=config.refine_steps, eta=config.refine_eta,
