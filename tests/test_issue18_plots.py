@@ -56,7 +56,7 @@ def test_demo_plot_puts_alignment_and_neg_h_on_separate_axes(tmp_path, figures):
 @pytest.mark.parametrize("spreads", [(0.44, 0.98), (0.16, 0.19), (1e-4, 1.0)],
                          ids=["one decade", "narrow", "four decades"])
 def test_concentration_plot_labels_at_least_three_log_ticks(tmp_path, figures, spreads):
-    from coulomb_attention.commands import concentration as conc
+    from coulomb_attention.reports import concentration as conc
 
     lo, hi = spreads
     vals = iter(np.geomspace(hi, lo, 8))
@@ -112,7 +112,7 @@ def test_bench_langevin_plot_labels_both_slopes(tmp_path, figures, monkeypatch):
 
 
 def test_synthetic_particle_diagnostic_says_the_initial_particles_are_the_fits_own(tmp_path):
-    from coulomb_attention.commands import synthetic as syn
+    from coulomb_attention.studies import synthetic as syn
 
     cfg = syn.SyntheticConfig(tasks=["spectral"], n_train=120, n_test=40, diagnostic_budget=8,
                               particles={"n_steps": 3})

@@ -104,12 +104,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
-    run = getattr(args, "_run", None)
-    if run is None:
-        parser.print_help()
-        return 2
     try:
+        args = parser.parse_args(argv)  # a list flag's bad item raises ValueError (one line)
+        run = getattr(args, "_run", None)
+        if run is None:
+            parser.print_help()
+            return 2
         return int(run(args) or 0)
     except KeyboardInterrupt:
         print("coulomb-attention: interrupted", file=sys.stderr)
