@@ -96,7 +96,7 @@ def test_cli_tiny_grid_end_to_end(tmp_path, capsys):
     out = tmp_path / "syn"
     cfg = _write(tmp_path, {"diagnostic_budget": 16, "logreg_max_iter": 100})
     args = ["synthetic", "--out", str(out), "--tasks", "spectral", "--noise", "0.1",
-            "--budgets", "16", "64", "256", "--seeds", "0", "1", "--n-train", "80", "--n-test", "60",
+            "--budgets", "16", "64", "256", "--seeds", "0,1", "--n-train", "80", "--n-test", "60",
             "--particle-steps", "3", "--config", cfg]
     assert main(args) == 0
     for name in ("results.jsonl", "summary.csv", "summary.md", "claims.md", "claims.json",
