@@ -38,7 +38,7 @@ def test_command_module_import_is_light(module):
 
 
 def test_demo_plot_puts_alignment_and_neg_h_on_separate_axes(tmp_path, figures):
-    from coulomb_attention.commands import demo
+    from coulomb_attention.reports import demo
 
     trace = [{"alignment": 0.1 * k, "energy": -0.1 * k + 0.005} for k in range(1, 6)]
     res = {"results": [{"method": "ParticleFeatures(64)", "test_accuracy": 0.9}],
