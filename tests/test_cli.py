@@ -133,7 +133,9 @@ CASES: list[tuple[list[str], str]] = [
     (["meanfield", "--lam", "-1"], r"--lam must be a finite number >= 0"),
     (["meanfield", "--eps", "nan"], r"--eps must be a positive finite number, got nan"),
     (["meanfield", "--s", "-1"], r"\bs must be a positive finite number, got -1"),
-    (["meanfield", "--ns", "a,b"], r"--ns must be comma-separated integers"),
+    (["meanfield", "--ns", "a,b"], r"--ns: invalid int value 'a'"),
+    (["meanfield", "--ns", "8"], r"--ns needs at least two values >= 2"),
+    (["meanfield", "--n-seeds", "0"], r"--n-seeds must be a positive integer"),
     (["meanfield", "--snapshots", "1"], r"--snapshots must be >= 2"),
     # concentration
     (["concentration", "--budgets", "0"], r"budgets must be positive integers, got 0"),
@@ -266,7 +268,7 @@ def test_synthetic_rejects_bad_particle_args_before_running(tmp_path, capsys):
 
 
 def test_meanfield_rejects_grid_zero(tmp_path, capsys, monkeypatch):
-    from coulomb_attention.commands import meanfield
+    from coulomb_attention.studies import meanfield
 
     ran = []
 

@@ -81,7 +81,7 @@ def test_concentration_plot_labels_at_least_three_log_ticks(tmp_path, figures, s
 def test_meanfield_density_plot_has_colour_bars_in_2d(tmp_path, figures, dim):
     from coulomb_attention.cli import main
 
-    argv = ["meanfield", "--dim", str(dim), "--quick", "--ns", "8,16", "--seeds", "2",
+    argv = ["meanfield", "--dim", str(dim), "--quick", "--ns", "8,16", "--n-seeds", "2",
             "--grid", "8", "--t-final", "0.02", "--eta", "0.01", "--snapshots", "3",
             "--threads", "1", "--out", str(tmp_path)]
     assert main(argv) == 0

@@ -1,4 +1,3 @@
-import json
 import math
 
 import numpy as np
@@ -255,21 +254,3 @@ def test_loglog_slope_recovers_power_law():
     ns = np.array([64, 128, 256, 512])
     slope, icpt = M.loglog_slope(ns, 3.0 * ns**-0.5)
     assert abs(slope + 0.5) < 1e-12 and abs(icpt - math.log(3.0)) < 1e-12
-
-
-def test_cli_meanfield_writes_results(tmp_path):
-    from coulomb_attention.cli import main
-
-    out = tmp_path / "mf"
-    rc = main(["meanfield", "--dim", "1", "--grid", "48", "--t-final", "0.1", "--eta", "0.02",
-               "--ns", "32,64,128", "--seeds", "2", "--out", str(out)])
-    assert rc == 0
-    rows = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
-    assert {r["n"] for r in rows if r["kind"] == "particles"} == {32, 64, 128}
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["mass_error"] < 1e-12 and summary["free_energy_increase_max"] <= 1e-12
-    assert math.isfinite(summary["slope"])
-    assert (out / "table.md").read_text().count("|") > 10
-    for name in ("densities.png", "free_energy.png", "distance_vs_n.png"):
-        assert (out / name).stat().st_size > 1000
-    assert main(["meanfield", "--dim", "3", "--out", str(out)]) == 2
