@@ -20,7 +20,8 @@ sample) against its Monte-Carlo level ``mean / sqrt(seeds)`` bounds the time-ste
 finite-N bias, and the PDE on a grid of half the resolution bounds the grid error.
 
 Config in (:class:`MeanfieldConfig`), records out: :func:`run_study` writes under ``out``:
-``runs.jsonl`` (one row per PDE snapshot and per particle run and time), ``pde_trace.jsonl`` (free energy and mass per PDE step),
+``runs.jsonl`` (one row per PDE snapshot and per particle run and time), ``pde_trace.jsonl``
+(free energy and mass per PDE step),
 ``snapshots.npz`` (PDE densities, particles of the largest N), ``summary.json``,
 ``table.md`` and the plots ``densities.png``, ``free_energy.png``, ``distance_vs_n.png``
 (made from those files by :func:`coulomb_attention.reports.meanfield.plot`).
