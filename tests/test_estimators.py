@@ -232,7 +232,7 @@ def test_validation_selection_keeps_a_visited_iterate():
 
 
 def test_bench_and_demo_helpers():
-    from coulomb_attention.commands.bench_langevin import time_step
+    from coulomb_attention.bench.langevin import time_step
     from coulomb_attention.data.synthetic import make_demo_task
 
     assert time_step(N=8, n=64, d=3, repeats=1, dtype=torch.float32) > 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from argparse import Namespace
 
 import matplotlib.figure
 import numpy as np
@@ -95,12 +94,12 @@ def test_meanfield_density_plot_has_colour_bars_in_2d(tmp_path, figures, dim):
 def test_bench_langevin_plot_labels_both_slopes(tmp_path, figures, monkeypatch):
     import torch
 
-    from coulomb_attention.commands import bench_langevin as bl
+    from coulomb_attention.bench import langevin as bl
 
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
-    args = Namespace(out=str(tmp_path), quick=False, N=[4, 8], n=[8, 16, 32], d=2, repeats=3,
-                     threads=1, dtype="float64")
-    assert bl.run(args) == 0
+    cfg = bl.LangevinBenchConfig(N=(4, 8), n=(8, 16, 32), d=2, repeats=3, threads=1,
+                                 dtype="float64")
+    bl.run_benchmark(cfg, tmp_path, log=lambda m: None)
     res = json.loads((tmp_path / "langevin_step.json").read_text())
     assert res["meta"]["statistic"] == "median" and res["slope_in_n_top_range"] == [16, 32]
     texts = [t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()]
