@@ -148,9 +148,9 @@ CASES: list[tuple[list[str], str]] = [
     (["concentration", "--config", "{tmp}/unknown_key.json"],
      r"unknown key\(s\) for ConcentrationConfig: nope"),
     # bench attention
-    (["bench", "attention", "--lengths", "a,b"],
-     r"lengths must be comma-separated positive integers, got 'a,b'"),
-    (["bench", "attention", "--features", "0"], r"features must be comma-separated positive"),
+    (["bench", "attention", "--lengths", "a,b"], r"--lengths: invalid int value 'a'"),
+    (["bench", "attention", "--features", "0"], r"features must be positive integers, got \[0\]"),
+    (["bench", "attention", "--quick", "--lengths", "0"], r"lengths must be positive integers"),
     (["bench", "attention", "--repeats", "0"], r"--repeats must be a positive integer, got 0"),
     (["bench", "attention", "--budget", "nan"], r"--budget must be positive, got nan"),
     # bench langevin

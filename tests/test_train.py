@@ -179,7 +179,7 @@ def test_phase_a_raises_alignment_and_moves_only_omega():
 def _args(tmp_path, **kw):
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps(TINY))
-    base = dict(data_dir=str(SAMPLES_DIR), config=str(cfg), threads=None, no_progress=True)
+    base = dict(data_dir=str(SAMPLES_DIR), config=str(cfg), threads=None, progress="none")
     base.update({name: None for name in train_cmd.COMMON_FLAGS})
     base.update(kw)
     return argparse.Namespace(**base)
@@ -223,8 +223,8 @@ def test_config_errors(tmp_path):
 
 def test_suite_skips_finished_runs_and_report_builds(tmp_path):
     out = tmp_path / "results"
-    args = _args(tmp_path, tasks="rotten_tomatoes", seeds="0", rerun=False,
-                 variants="favor-vanilla,favor-learned", out=str(out))
+    args = _args(tmp_path, tasks=["rotten_tomatoes"], seeds=[0], rerun=False,
+                 variants=["favor-vanilla", "favor-learned"], out=str(out))
     rows = suite.run_suite(args, log=lambda *a: None)
     assert [r["status"] for r in rows] == ["done", "done"]
     paths = [out / "rotten_tomatoes" / v / "seed0" / "metrics.json"
@@ -371,8 +371,8 @@ def test_learned_run_encodes_with_the_tokenizer_of_the_warmup_it_reuses(tmp_path
 
     monkeypatch.setattr(pipeline, "build_tokenizer", unstable)
     out = tmp_path / "results"
-    args = _args(tmp_path, tasks="rotten_tomatoes", seeds="0", rerun=False,
-                 variants="favor-vanilla,favor-learned", out=str(out))
+    args = _args(tmp_path, tasks=["rotten_tomatoes"], seeds=[0], rerun=False,
+                 variants=["favor-vanilla", "favor-learned"], out=str(out))
     suite.run_suite(args, log=lambda *a: None)
     van, lrn = (out / "rotten_tomatoes" / v / "seed0" for v in ("favor-vanilla", "favor-learned"))
     assert trained == [van / "tokenizer.json"]

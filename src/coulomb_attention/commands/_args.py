@@ -6,7 +6,8 @@
   to ``None`` and :func:`fill` resolves them. An explicit flag always wins.
 - Progress: ``--progress {auto,bar,lines,none}``; ``auto`` (the default) draws bars only when
   stderr is a terminal and otherwise prints a line per stage (``convert > log 2>&1`` holds no
-  bar redraws). :func:`add_progress`, :func:`progress_mode`.
+  bar redraws); ``--no-progress`` = ``--progress none``. :func:`add_progress`,
+  :func:`progress_mode`.
 
 Nothing here imports torch (``--help`` of every command prints without it).
 """
@@ -14,7 +15,6 @@ Nothing here imports torch (``--help`` of every command prints without it).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -86,17 +86,23 @@ def fill(args: argparse.Namespace, preset: dict[str, Any]) -> argparse.Namespace
 
 
 def add_progress(parser: argparse.ArgumentParser) -> None:
-    """``--progress {auto,bar,lines,none}`` (default ``auto``)."""
-    parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+    """``--progress [{auto,bar,lines,none}]`` (default ``auto``; ``--progress`` alone: ``bar``)
+    and ``--no-progress`` (= ``--progress none``)."""
+    parser.add_argument("--progress", choices=PROGRESS_MODES, default="auto", nargs="?",
+                        const="bar",
                         help="progress display: bars, a line per stage, or nothing; auto: bars "
-                             "only when stderr is a terminal, else lines (default: auto)")
+                             "only when stderr is a terminal, else a line per stage; "
+                             "--progress alone: bar (default: auto)")
+    parser.add_argument("--no-progress", dest="progress", action="store_const", const="none",
+                        help="same as --progress none")
 
 
 def progress_mode(args: argparse.Namespace | str, stream=None) -> str:
     """The resolved mode (``bar``, ``lines`` or ``none``) of ``args.progress``.
 
-    Outside ``bar`` mode tqdm bars are switched off for the process (``TQDM_DISABLE=1``, read
-    by every tqdm bar the library draws), so the libraries' per-stage lines remain alone.
+    The libraries take ``progress: bool`` (bars and their per-stage lines); pass
+    ``mode != "none"``. Outside ``bar`` mode the process's tqdm bars are switched off here
+    (:func:`_bars`), so only the per-stage lines remain.
     """
     mode = args if isinstance(args, str) else getattr(args, "progress", "auto")
     if mode not in PROGRESS_MODES:
@@ -104,6 +110,32 @@ def progress_mode(args: argparse.Namespace | str, stream=None) -> str:
     if mode == "auto":
         stream = sys.stderr if stream is None else stream
         mode = "bar" if getattr(stream, "isatty", lambda: False)() else "lines"
-    if mode != "bar":
-        os.environ["TQDM_DISABLE"] = "1"
+    _bars(mode == "bar")
     return mode
+
+
+_TQDM_INIT = None
+
+
+def _bars(on: bool) -> None:
+    """Switch every tqdm bar of this process on (tqdm's own behaviour) or off (``disable``
+    forced, whatever the caller passed). tqdm reads ``TQDM_DISABLE`` only when it is first
+    imported, so the switch wraps ``tqdm.std.tqdm.__init__`` (every tqdm class calls it)."""
+    global _TQDM_INIT
+    try:
+        from tqdm import std
+    except ImportError:  # no tqdm: no bars anyway
+        return
+    if on:
+        if _TQDM_INIT is not None:
+            std.tqdm.__init__ = _TQDM_INIT
+            _TQDM_INIT = None
+        return
+    if _TQDM_INIT is None:
+        _TQDM_INIT = orig = std.tqdm.__init__
+
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            orig(self, *args, **kwargs)
+
+        std.tqdm.__init__ = __init__

@@ -22,6 +22,7 @@ from pathlib import Path
 from ..convert import VARIANTS, ConvertConfig, _to_json, convert_encoder, speed_table
 from ..results import atomic_write_text, config_diff
 from ..train.distill import DistillConfig
+from ._args import add_progress, progress_mode
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-lengths", type=int, nargs="+",
                    default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    add_progress(p)
 
 
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:
@@ -151,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from ..reports.convert import write_convert_report
 
     torch.set_num_threads(max(1, args.threads))
+    args.progress = progress_mode(args) != "none"  # bars only on a terminal, else lines
     cfg = config_from_args(args)
     out = Path(args.out)
     if args.grid:

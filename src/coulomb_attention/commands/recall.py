@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..results import append_jsonl, read_jsonl
+from ._args import add_progress, fill, list_arg, progress_mode
 
 if TYPE_CHECKING:
     from ..train.recall import RecallRunConfig
@@ -47,33 +48,28 @@ LEVELS: dict[str, dict] = {
 }
 QUICK = {"n_train": 4000, "n_eval": 300, "warmup_epochs": 2, "train": {"epochs": 2},
          "align": {"steps": 40, "n_examples": 512, "holdout": 128}}
-
-
-def _csv(kind, valid=None):
-    def parse(text: str):
-        items = [kind(t) for t in text.split(",") if t.strip()]
-        bad = [t for t in items if valid is not None and t not in valid]
-        if not items or bad:
-            raise argparse.ArgumentTypeError(f"expected a comma list of {sorted(valid or [])}, "
-                                             f"got {text!r}")
-        return items
-    return parse
+# the grid flags' defaults, and the smaller ones of --quick (a flag given wins over both)
+GRID = {"levels": list(LEVELS), "attentions": list(ATTENTIONS),
+        "kernels": ["vanilla", "learned"], "n_features": list(N_FEATURES), "seeds": [0, 1, 2]}
+QUICK_GRID = {"levels": ["easy"], "attentions": ["softmax", "favor", "none"],
+              "kernels": ["vanilla", "learned"], "n_features": [16], "seeds": [0]}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory (results.jsonl, summary.md)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke grid (easy level; softmax, favor, none; M=16; seed 0; small "
-                        "data): under 5 minutes")
-    p.add_argument("--levels", type=_csv(str, LEVELS), default=list(LEVELS))
-    p.add_argument("--attentions", type=_csv(str, ATTENTIONS), default=list(ATTENTIONS))
-    p.add_argument("--kernels", type=_csv(str), default=["vanilla", "learned"],
-                   help="vanilla, learned (checked against the run config)")
-    p.add_argument("--n-features", type=_csv(int), default=list(N_FEATURES))
-    p.add_argument("--seeds", type=_csv(int), default=[0, 1, 2])
+                        "data): under 5 minutes; the grid flags given beside it win")
+    d = {k: " ".join(map(str, v)) for k, v in GRID.items()}
+    list_arg(p, "--levels", choices=LEVELS, help=f"(default: {d['levels']})")
+    list_arg(p, "--attentions", choices=ATTENTIONS, help=f"(default: {d['attentions']})")
+    list_arg(p, "--kernels", help=f"vanilla, learned (checked against the run config) "
+                                  f"(default: {d['kernels']})")
+    list_arg(p, "--n-features", type=int, help=f"(default: {d['n_features']})")
+    list_arg(p, "--seeds", type=int, help=f"(default: {d['seeds']})")
     p.add_argument("--config", type=Path, help="JSON overrides applied to every level")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    p.add_argument("--progress", action="store_true", help="progress bars")
+    add_progress(p)
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -91,12 +87,12 @@ def grid(args) -> list[tuple[str, RecallRunConfig]]:
     from ..train.recall import RecallRunConfig
 
     extra = json.loads(args.config.read_text()) if args.config else {}
+    if args.quick:
+        fill(args, QUICK_GRID)
+        extra = _merge(QUICK, extra)
+    fill(args, GRID)
     levels, atts, kernels, ms, seeds = (args.levels, args.attentions, args.kernels,
                                         args.n_features, args.seeds)
-    if args.quick:
-        levels, atts, kernels, ms, seeds = ["easy"], ["softmax", "favor", "none"], \
-            ["vanilla", "learned"], [16], [0]
-        extra = _merge(QUICK, extra)
     runs = []
     for level in levels:
         base = _merge(LEVELS[level], extra)
@@ -123,6 +119,7 @@ def run(args) -> int:
     results = out / "results.jsonl"
     done = {json.dumps(r["config"], sort_keys=True) for r in read_jsonl(results, repair=True)}
     todo = grid(args)
+    progress = progress_mode(args)
     n_done = sum(json.dumps(to_dict(c), sort_keys=True) in done for _, c in todo)
     print(f"recall: {len(todo)} runs, {n_done} already done", flush=True)
     for i, (level, cfg) in enumerate(todo):
@@ -133,7 +130,7 @@ def run(args) -> int:
         name = (f"[{i + 1}/{len(todo)}] {level} {cfg.model.attention}-{cfg.kernel} "
                 f"M={cfg.model.n_features} seed={cfg.seed}")
         try:
-            row = {"level": level, **run_recall(cfg, progress=args.progress)}
+            row = {"level": level, **run_recall(cfg, progress=progress != "none")}
             outcome = f"accuracy {row['accuracy']:.4f}"
         except FloatingPointError as exc:  # one diverged run is a result, not the grid's end
             row = {"level": level, "attention": cfg.model.attention, "kernel": cfg.kernel,

@@ -18,10 +18,9 @@ from pathlib import Path
 
 from .._validation import check_choice
 from ..config import to_dict
-from ..data import DATASETS
+from ..data.registry import DATASETS
 from ..results import atomic_write_json, is_done
-from ..train.run import RESOLVED_KEYS, checkpoint_config
-from ..train.run import run as run_pipeline
+from ._args import list_arg
 from .train import add_common_arguments, build_config, setup_runtime
 
 __all__ = ["VARIANTS", "add_arguments", "run", "run_dir", "run_suite"]
@@ -47,23 +46,20 @@ def run_dir(results: str | Path, task: str, attention: str, kernel: str, seed: i
     return Path(results) / task / f"{attention}-{kernel}" / f"seed{seed}"
 
 
-def _parse_variants(text: str | None) -> list[tuple[str, str]]:
-    if not text:
+def _parse_variants(names: list[str] | None) -> list[tuple[str, str]]:
+    if not names:
         return list(VARIANTS)
     valid = {f"{a}-{k}": (a, k) for a, k in VARIANTS}
-    out = []
-    for name in text.split(","):
-        out.append(valid[check_choice("variant", name.strip(), valid)])
-    return out
+    return [valid[check_choice("variant", name.strip(), valid)] for name in names]
 
 
 def run_suite(args: argparse.Namespace, log=print) -> list[dict]:
     """Run (or skip) every task x variant x seed; returns the status rows."""
-    tasks = [check_choice("task", t.strip(), DATASETS) for t in args.tasks.split(",")]
-    try:
-        seeds = [int(s) for s in str(args.seeds).split(",")]
-    except ValueError as exc:
-        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from exc
+    from ..train.run import RESOLVED_KEYS, checkpoint_config
+    from ..train.run import run as run_pipeline
+
+    tasks = [check_choice("task", t.strip(), DATASETS) for t in args.tasks]
+    seeds = list(args.seeds)
     variants = _parse_variants(args.variants)
     runtime = setup_runtime(args)
     results = Path(args.out)
@@ -98,13 +94,11 @@ def run_suite(args: argparse.Namespace, log=print) -> list[dict]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", default="sst2,qqp,rotten_tomatoes",
-                        help="comma-separated tasks")
-    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds")
-    parser.add_argument("--variants", default=None,
-                        help=f"comma-separated ATTENTION-KERNEL names (default: all "
-                             f"{len(VARIANTS)}: "
-                             + ", ".join(f"{a}-{k}" for a, k in VARIANTS) + ")")
+    list_arg(parser, "--tasks", default=["sst2", "qqp", "rotten_tomatoes"], help="tasks")
+    list_arg(parser, "--seeds", type=int, default=[0, 1, 2, 3, 4], help="seeds")
+    list_arg(parser, "--variants", default=None, metavar="ATTENTION-KERNEL",
+             help=f"ATTENTION-KERNEL names (default: all {len(VARIANTS)}: "
+                  + ", ".join(f"{a}-{k}" for a, k in VARIANTS) + ")")
     parser.add_argument("--out", default="runs/suite", help="results directory")
     parser.add_argument("--rerun", action="store_true",
                         help="re-run finished runs whose stored configuration differs "
