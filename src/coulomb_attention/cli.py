@@ -76,25 +76,28 @@ def _add(sub, name: str, module: str, help_: str) -> None:
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``argv`` only the named command's module is imported (its flags), so
+    ``coulomb-attention --help`` and ``COMMAND --help`` start fast; ``argv=None``: every
+    command's flags."""
     parser = argparse.ArgumentParser(
         prog="coulomb-attention",
         description="Learn the kernel of linear attention as a system of interacting particles.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    # Import only the module of the command being run (fast start-up, isolated failures).
-    wanted = next((a for a in (argv or []) if not a.startswith("-")), None)
+    full = argv is None
+    rest = [a for a in (argv or []) if not a.startswith("-")]
+    wanted = rest[0] if rest else None
     for name, (module, help_) in COMMANDS.items():
-        if wanted in (None, name):
+        if full or wanted == name:
             _add(sub, name, module, help_)
         else:
             sub.add_parser(name, help=help_)
     bench = sub.add_parser("bench", help="benchmarks (attention, langevin)")
     bench_sub = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
-    rest = [a for a in (argv or []) if not a.startswith("-")]
     wanted_bench = rest[1] if wanted == "bench" and len(rest) > 1 else None
     for name, (module, help_) in BENCHMARKS.items():
-        if wanted in (None, "bench") and wanted_bench in (None, name):
+        if full or (wanted == "bench" and wanted_bench == name):
             _add(bench_sub, name, module, help_)
         else:
             bench_sub.add_parser(name, help=help_)
