@@ -20,6 +20,7 @@ from coulomb_attention.config import override, to_dict
 from coulomb_attention.data import SAMPLES_DIR
 from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
 from coulomb_attention.reports import transformer as report
+from coulomb_attention.stats import paired_difference
 from coulomb_attention.train import run as pipeline
 from coulomb_attention.train.checkpoint import (
     atomic_write_json,
@@ -262,7 +263,7 @@ def test_suite_skips_finished_runs_and_report_builds(tmp_path):
     assert "Processes: 1; global batch: " in text and "torch threads: " in text
     assert "Attention contribution: not measured" in text
     assert "**SHIPPED SAMPLE: 2 of 2 run(s) used the small data samples" in text  # no --data-dir
-    m, lo, hi, n = report.paired_difference([0.8, 0.9, 0.85], [0.7, 0.8, 0.8])
+    m, lo, hi, n = paired_difference([0.8, 0.9, 0.85], [0.7, 0.8, 0.8])
     assert n == 3 and m == pytest.approx(0.0833333) and lo < m < hi
 
 

@@ -72,36 +72,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_progress(p)
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) else v
-    return out
-
-
 def grid(args) -> list[tuple[str, RecallRunConfig]]:
     """Every (level, config) of the requested grid, in run order (all validated before any
     run starts: an unknown kernel raises here)."""
-    from ..config import from_dict
+    from ..config import deep_merge, from_dict
     from ..nn.attention import ATTENTION_FEATURES
     from ..train.recall import RecallRunConfig
 
     extra = json.loads(args.config.read_text()) if args.config else {}
     if args.quick:
         fill(args, QUICK_GRID)
-        extra = _merge(QUICK, extra)
+        extra = deep_merge(QUICK, extra)
     fill(args, GRID)
     levels, atts, kernels, ms, seeds = (args.levels, args.attentions, args.kernels,
                                         args.n_features, args.seeds)
     runs = []
     for level in levels:
-        base = _merge(LEVELS[level], extra)
+        base = deep_merge(LEVELS[level], extra)
         for seed in seeds:
             for att in atts:
                 featured = ATTENTION_FEATURES[att].has_features
                 for m in (ms if featured else [64]):  # M unused there
                     for kernel in (kernels if featured else ["vanilla"]):
-                        over = _merge(base, {"model": {"attention": att, "n_features": m},
+                        over = deep_merge(base, {"model": {"attention": att, "n_features": m},
                                              "kernel": kernel, "seed": seed})
                         runs.append((level, from_dict(RecallRunConfig, over)))
     return runs

@@ -65,18 +65,6 @@ __all__ = [
     "save_pretrained_encoder",
 ]
 
-# moved to coulomb_attention.train.distill (attention distillation); importable from here
-# until every caller imports it from there
-_MOVED = ("align_to_softmax",)
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        from ..train import distill
-
-        return getattr(distill, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 class PretrainedClassifier(TransformerClassifier):
     """A :class:`TransformerClassifier` (post-norm BERT blocks, masked mean pooling, linear

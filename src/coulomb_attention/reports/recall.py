@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from ..results import atomic_write_text, read_jsonl
+from ..stats import paired_difference
 from . import pyplot
-from .transformer import paired_difference
 
 __all__ = ["summarize", "write_report"]
 
