@@ -8,7 +8,7 @@ across processes exactly. The interaction (pair potential) is added to it in one
 * :class:`LabelAlignment`: ``-A(Omega)``, minus the centered kernel-target alignment of the
   random-feature kernel with the labels (phase A, the estimators).
 * :class:`LinearPotential`: ``(1/N) sum_i V(omega_i)``, the linear-in-mu data potential of the
-  mean-field limit (DESIGN.md, "Mean-field limit"); it sees no batches.
+  mean-field limit (docs/DESIGN.md, "Mean-field limit"); it sees no batches.
 * ``coulomb_attention.energy.teacher``-style terms (attention distillation) follow the same
   protocol.
 

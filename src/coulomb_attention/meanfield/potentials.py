@@ -1,7 +1,7 @@
 """The two potentials of the McKean-Vlasov equation: the data potential ``V`` and the
 interaction ``g_s * rho`` on the grid.
 
-Data potential (DESIGN, "Mean-field limit"): for a fixed dataset ``(x_a, y_a)``, a = 1..n,
+Data potential (docs/DESIGN.md, "Mean-field limit"): for a fixed dataset ``(x_a, y_a)``, a = 1..n,
 with the *unnormalised* feature ``phi`` (no ``1/sqrt(N)``),
 
     V(omega) = -( (1/n) sum_a y_a phi(x_a; omega) )^2.
