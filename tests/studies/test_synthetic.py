@@ -136,3 +136,16 @@ def _write(tmp_path, obj) -> str:
     p = tmp_path / "cfg.json"
     p.write_text(json.dumps(obj))
     return str(p)
+
+
+def test_train_alignment_is_the_energys_centered_alignment():
+    """The study's alignment metric against its numpy formula (the copy it replaced)."""
+    rng = np.random.default_rng(0)
+    Z, y = rng.normal(size=(200, 16)), (rng.random(200) > 0.4).astype(int)
+    Zc = Z - Z.mean(0)
+    yc = np.where(y > 0, 1.0, -1.0)
+    yc = yc - yc.mean()
+    want = float(((Zc.T @ yc) ** 2).sum()) / float(np.linalg.norm(Zc.T @ Zc) * (yc @ yc))
+    assert syn._centered_alignment(Z, y) == pytest.approx(want, rel=1e-12)
+    aligned = np.c_[np.where(y > 0, 1.0, -1.0), np.zeros((200, 3))]
+    assert syn._centered_alignment(aligned, y) == pytest.approx(1.0)

@@ -240,12 +240,14 @@ def make_estimator(method: str, n_components: int, random_state: int, kwargs: di
 
 
 def _centered_alignment(Z: np.ndarray, y: np.ndarray) -> float:
-    Zc = Z - Z.mean(0)
-    yc = np.where(y > 0, 1.0, -1.0)
-    yc = yc - yc.mean()
-    num = float(((Zc.T @ yc) ** 2).sum())
-    den = float(np.linalg.norm(Zc.T @ Zc) * (yc @ yc))
-    return num / den if den > 0 else 0.0
+    """Centered kernel-target alignment of ``Z Z^T`` (``Z`` (n, N)) with the +-1 labels: the
+    energy's own statistic (:func:`coulomb_attention.energy.alignment`), not a copy."""
+    import torch
+
+    from ..energy.alignment import alignment, encode_labels
+
+    Y, _ = encode_labels(y)
+    return float(alignment(torch.from_numpy(np.asarray(Z, dtype=np.float64)), Y))
 
 
 def _omega_stats(omega: np.ndarray, meta: dict) -> dict:
