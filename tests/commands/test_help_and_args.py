@@ -63,6 +63,10 @@ def test_help_copies_of_library_names_match_the_library():
                 cfg = getattr(cfg, part)
             got.append(cfg)
         assert tuple(got) == train_cmd.DEFAULTS[name], name
+    from coulomb_attention.commands.suite import VARIANT_NAMES
+    from coulomb_attention.studies.suite import VARIANTS
+
+    assert VARIANT_NAMES == tuple(f"{a}-{k}" for a, k in VARIANTS)
     assert (bl_cmd.DEFAULT_REPEATS, bl_cmd.DEFAULT_ROUNDS, bl_cmd.MIN_ROUND_SECONDS) == (
         bench_langevin.DEFAULT_REPEATS, bench_langevin.DEFAULT_ROUNDS,
         bench_langevin.MIN_ROUND_SECONDS)
