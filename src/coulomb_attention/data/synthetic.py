@@ -53,6 +53,7 @@ __all__ = [
     "make_demo_task",
     "HIDDEN_KINDS",
     "make_hidden_task",
+    "make_meanfield_dataset",
 ]
 
 NOISE_LEVELS: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3)
@@ -427,3 +428,29 @@ def make_demo_task(n: int, d: int, noise: float, seed: int):
     q, _ = np.linalg.qr(rng.standard_normal((d, d)))  # hide the informative directions
     X = (z @ q.T) * rng.uniform(0.5, 2.0, d)
     return X, y
+
+
+# ----------------------------------------------------------------------- the mean-field study
+
+
+def make_meanfield_dataset(dim: int, n_samples: int = 8, *, random_state=0):
+    """A small fixed synthetic dataset in ``R^dim`` for the mean-field study's data potential:
+    ``x ~ N(0, I)``, ``y = sign(sin(2 x_1))`` (an oscillating labelling, so ``V`` has several
+    wells).
+
+    Returns
+    -------
+    x : tensor of shape ``(n_samples, dim)``, float64
+    y : tensor of shape ``(n_samples,)``, float64 in {-1, +1}
+    """
+    import torch
+
+    from .._validation import torch_generator
+
+    if dim not in (1, 2):
+        raise ValueError(f"dim must be 1 or 2, got {dim!r}")
+    n_samples = check_positive("n_samples", n_samples, integer=True)
+    g = torch_generator(random_state)
+    x = torch.randn(n_samples, dim, generator=g, dtype=torch.float64)
+    y = torch.where(torch.sin(2.0 * x[:, 0]) >= 0, 1.0, -1.0).to(torch.float64)
+    return x, y

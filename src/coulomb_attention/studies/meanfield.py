@@ -9,9 +9,9 @@ One problem, two solvers (``docs/DESIGN.md``, "Mean-field limit"):
   faces (:mod:`coulomb_attention.meanfield`), at the matched times ``t = eta * steps``.
 
 ``V(omega) = -((1/n) sum_a y_a sqrt(2) cos(omega . x_a + pi/4))^2`` on the fixed synthetic
-dataset of :func:`~coulomb_attention.meanfield.make_dataset`. At a few times the distance
-between the particles' empirical measure and the PDE density is measured (1-D: exact W1;
-2-D: Gaussian MMD, plus the mean W1 of the two marginals) for each N and seed, and the
+dataset of :func:`~coulomb_attention.data.synthetic.make_meanfield_dataset`. At a few times the
+distance between the particles' empirical measure and the PDE density is measured (1-D: exact
+W1; 2-D: Gaussian MMD, plus the mean W1 of the two marginals) for each N and seed, and the
 log-log slope of the seed-mean distance versus N at ``t_final`` is fitted (Monte-Carlo
 error alone gives -1/2).
 
@@ -139,11 +139,12 @@ class MeanfieldConfig:
 
 
 def _setup(cfg: dict, n_cells: int):
+    from ..data.synthetic import make_meanfield_dataset
     from ..energy import make_potential
-    from ..meanfield import DataPotential, Grid, GridInteraction, gaussian_density, make_dataset
+    from ..meanfield import DataPotential, Grid, GridInteraction, gaussian_density
 
     grid = Grid(cfg["dim"], cfg["half_width"], n_cells)
-    x, y = make_dataset(cfg["dim"])
+    x, y = make_meanfield_dataset(cfg["dim"])
     pot = DataPotential(x, y, feature=cfg["feature"])
     pair = make_potential(cfg["potential"], s=cfg["s"] if cfg["potential"] == "riesz" else None,
                           eps=cfg["eps"], dim=cfg["dim"])
