@@ -67,6 +67,10 @@ def test_help_copies_of_library_names_match_the_library():
     from coulomb_attention.studies.suite import VARIANTS
 
     assert VARIANT_NAMES == tuple(f"{a}-{k}" for a, k in VARIANTS)
+    from coulomb_attention.commands import minilm as minilm_cmd
+    from coulomb_attention.studies import minilm as minilm_study
+
+    assert minilm_cmd.VARIANT_NAMES == tuple(f"{a}:{k}" for a, k in minilm_study.VARIANTS)
     assert (bl_cmd.DEFAULT_REPEATS, bl_cmd.DEFAULT_ROUNDS, bl_cmd.MIN_ROUND_SECONDS) == (
         bench_langevin.DEFAULT_REPEATS, bench_langevin.DEFAULT_ROUNDS,
         bench_langevin.MIN_ROUND_SECONDS)

@@ -16,90 +16,37 @@ or ``softmax_align`` (learned, phase A distils the pretrained softmax attention:
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from .._validation import check_positive
-from ..config import to_dict
-from ..results import append_jsonl, atomic_write_text, is_done
 from ._args import list_arg
 from .train import add_arguments as add_train_arguments
 from .train import add_common_arguments, build_config, setup_runtime
 from .train import run as run_train
 
-__all__ = ["VARIANTS", "add_arguments", "parse_variant", "run", "table"]
+__all__ = ["add_arguments", "run"]
 
-#: (attention, kernel) pairs of ``compare``, in table order
-VARIANTS: tuple[tuple[str, str], ...] = (
-    ("softmax", "vanilla"),
-    ("favor", "vanilla"),
-    ("favor", "learned"),
-    ("favor", "softmax_align"),
-    ("porf_softplus", "vanilla"),
-    ("porf_softplus", "learned"),
-)
-_KEYS = ("accuracy", "mcc", "f1", "ece", "log_loss", "brier")
-
-
-def parse_variant(attention: str, kernel: str) -> dict:
-    """Config overrides of one variant (``softmax_align``: learned kernel, teacher objective)."""
-    if kernel == "softmax_align":
-        return {"attention": attention, "kernel": "learned", "objective": "teacher"}
-    return {"attention": attention, "kernel": kernel}
-
-
-def table(rows: list[dict]) -> str:
-    """Markdown table of result rows (accuracy gap to softmax per task)."""
-    soft = {r["task"]: r["accuracy"] for r in rows if r["variant"] == "softmax:vanilla"}
-    lines = ["| task | variant | accuracy | vs softmax (pts) | ECE | log-loss | Brier | "
-             "phase A s | phase B s | eval ms/ex |", "|---|---|---:|---:|---:|---:|---:|---:|"
-             "---:|---:|"]
-    for r in rows:
-        gap = f"{100 * (r['accuracy'] - soft[r['task']]):+.1f}" if r["task"] in soft else ""
-        lines.append(f"| {r['task']} | {r['variant']} | {r['accuracy']:.4f} | {gap} | "
-                     f"{r['ece']:.4f} | {r['log_loss']:.4f} | {r['brier']:.4f} | "
-                     f"{r['phase_a_s']:.0f} | {r['phase_b_s']:.0f} | {r['ms_per_example']:.2f} |")
-    return "\n".join(lines) + "\n"
+# for --help only (the study module imports the pipeline); tests check it against VARIANTS
+VARIANT_NAMES = ("softmax:vanilla", "favor:vanilla", "favor:learned", "favor:softmax_align",
+                 "porf_softplus:vanilla", "porf_softplus:learned")
 
 
 def _compare(args) -> int:
-    from ..train.run import RESOLVED_KEYS, checkpoint_config
-    from ..train.run import run as run_pipeline
+    from ..studies.minilm import VARIANTS, compare, table
 
-    runtime = setup_runtime(args)
-    out = Path(args.out)
     variants = VARIANTS
     if args.variants:
         variants = [tuple((v.split(":") + ["vanilla"])[:2]) for v in args.variants]
-    rows = []
+    runtime = setup_runtime(args)
     try:
-        for task in args.tasks:
-            for attention, kernel in variants:
-                base = {"task": task, "encoder": args.encoder or "minilm",
-                        "seed": args.seed or 0, **parse_variant(attention, kernel)}
-                cfg = build_config(args, base)
-                run_dir = out / f"{task}-{attention}-{kernel}-s{cfg.seed}"
-                if is_done(run_dir, to_dict(cfg), ignore=RESOLVED_KEYS,
-                           normalize=checkpoint_config):
-                    m = json.loads((run_dir / "metrics.json").read_text())
-                    print(f"[{task}/{attention}/{kernel}] reused {run_dir}")
-                else:
-                    m = run_pipeline(cfg, run_dir, runtime, data_dir=args.data_dir,
-                                     resume="auto")
-                t = m["timings"]
-                rows.append({"task": task, "variant": f"{attention}:{kernel}",
-                             **{k: m[k] for k in _KEYS}, "phase_a_s": t.get("phase_a_s", 0.0),
-                             "phase_b_s": t["phase_b_s"],
-                             "ms_per_example": 1e3 * t["inference_s_per_example"],
-                             "config": m["config"]})
-                if runtime.is_main:
-                    append_jsonl(out / "results.jsonl", rows[-1])
+        rows = compare(args.tasks, variants,
+                       lambda base: build_config(args, {"encoder": args.encoder or "minilm",
+                                                        "seed": args.seed or 0, **base}),
+                       args.out, runtime, data_dir=args.data_dir)
     finally:
         runtime.close()
     if runtime.is_main:
-        text = table(rows)
-        atomic_write_text(out / "table.md", text)
-        print(text)
+        print(table(rows))
     return 0
 
 
@@ -128,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cmp_ = sub.add_parser("compare", help="every variant on every task + table.md")
     list_arg(cmp_, "--tasks", default=["sst2", "rotten_tomatoes"])
     list_arg(cmp_, "--variants", default=None, metavar="ATTENTION:KERNEL",
-             help="default: " + " ".join(f"{a}:{k}" for a, k in VARIANTS))
+             help="default: " + " ".join(VARIANT_NAMES))
     cmp_.add_argument("--seed", type=int, default=0)
     cmp_.add_argument("--out", default="runs/minilm")
     add_common_arguments(cmp_)
