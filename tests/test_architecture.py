@@ -165,3 +165,10 @@ def test_the_checks_can_fail():
 def test_command_modules_stay_thin(path):
     n = len(path.read_text().splitlines())
     assert n <= 250, f"{path.name} has {n} lines: move the work into a library module"
+
+
+def test_every_package_is_a_regular_package():
+    """setuptools' find() installs only directories with an ``__init__.py``."""
+    dirs = {p.parent for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts}
+    missing = sorted(str(d.relative_to(ROOT)) for d in dirs if not (d / "__init__.py").is_file())
+    assert not missing, f"no __init__.py in {missing}"
