@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-from helpers import rel_err
 
 from coulomb_attention.dynamics import (
     Ball,
@@ -27,6 +26,7 @@ from coulomb_attention.energy import (
     riesz_weight_grad,
 )
 from coulomb_attention.features import feature_fn
+from helpers import rel_err
 
 
 @pytest.fixture(autouse=True)
