@@ -83,6 +83,8 @@ def test_gradient_variant_lowers_the_energy():
     assert all(t["repulsion"] == 0.0 for t in trace)  # lam = 0
     est = arena.make_estimator("gradient", {}, 8, 1)
     assert est.optimizer == "adam" and est.lam == 0.0 and math.isinf(est.beta)
+    drift = arena.make_estimator("gradient", {"optimizer": "drift"}, 8, 1)
+    assert drift.optimizer == "langevin" and drift.lam == 0.0 and math.isinf(drift.beta)
 
 
 def test_fixed_variant_is_the_maps_draw():

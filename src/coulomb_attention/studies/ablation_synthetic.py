@@ -16,7 +16,10 @@ missing ``beta`` means ``inf``, no noise):
 fixed      ``RandomFeatures(M)``: the map's own draw, not trained
 importance ``ImportanceFeatures(M)``: Sinha & Duchi, pool 10 M, chi-square weights, resampled
 gradient   ``ParticleFeatures(M, optimizer="adam", lam=0)``: projected Adam on the same
-           alignment, same steps and schedule, no noise, no repulsion
+           alignment, same steps and schedule, no noise, no repulsion; with params
+           ``{"optimizer": "drift"}``: the Langevin drift alone (``lam = 0``, ``beta = inf``,
+           normalised projected gradient descent), which separates the optimiser from the
+           physics in ``coulomb - gradient``
 langevin   ``ParticleFeatures(M, lam=0, beta=...)``: noise only
 coulomb    ``ParticleFeatures(M, lam=..., beta=...)``: repulsion (``lam = 0.01``, no noise, is
            the estimator's default), a small sweep around it
@@ -73,12 +76,12 @@ TRACE_POINTS = 50
 VARIANTS: dict[str, list[dict]] = {
     "fixed": [{}],
     "importance": [{}],
-    "gradient": [{}],
+    "gradient": [{}, {"optimizer": "drift"}],
     "langevin": [{"beta": 1e3}, {"beta": 1e2}],
     "coulomb": [{"lam": 0.01}, {"lam": 0.1}, {"lam": 0.01, "beta": 1e3}, {"lam": 0.1, "beta": 1e3}],
     "weighted": [{"lam": 0.01, "tau": 0.05}, {"lam": 0.01, "tau": 0.2}],
 }
-_ALLOWED = {"fixed": set(), "importance": set(), "gradient": set(), "langevin": {"beta"},
+_ALLOWED = {"fixed": set(), "importance": set(), "gradient": {"optimizer"}, "langevin": {"beta"},
             "coulomb": {"lam", "beta"}, "weighted": {"lam", "beta", "tau"}}
 _SETTING = re.compile(r"^(?P<task>[a-z]+)-d(?P<d>\d+)-n(?P<n>\d+)$")
 
@@ -129,11 +132,18 @@ def _coulomb(p: dict, M: int, seed: int) -> ParticleFeatures:
     return ParticleFeatures(M, lam=lam, beta=float(p.get("beta", math.inf)), random_state=seed)
 
 
+def _gradient(p: dict, M: int, seed: int) -> ParticleFeatures:
+    opt = p.get("optimizer", "adam")
+    if opt not in ("adam", "drift"):
+        raise ValueError(f"the gradient variant's optimizer is 'adam' or 'drift', got {opt!r}")
+    return ParticleFeatures(M, optimizer="adam" if opt == "adam" else "langevin", lam=0.0,
+                            random_state=seed)
+
+
 _BUILDERS = {
     "fixed": lambda p, M, seed: RandomFeatures(M, random_state=seed),
     "importance": lambda p, M, seed: ImportanceFeatures(M, random_state=seed),
-    "gradient": lambda p, M, seed: ParticleFeatures(M, optimizer="adam", lam=0.0,
-                                                    random_state=seed),
+    "gradient": _gradient,
     "langevin": lambda p, M, seed: ParticleFeatures(M, lam=0.0, beta=float(p["beta"]),
                                                     random_state=seed),
     "coulomb": _coulomb,
