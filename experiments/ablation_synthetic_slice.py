@@ -6,8 +6,10 @@ Until the ``ablation`` command lands this loops ``plan``/``run`` of
     python experiments/ablation_synthetic_slice.py run --quick --seeds 0 1 --out /tmp/quick.jsonl
     python experiments/ablation_synthetic_slice.py run --seeds 0 1 2 3 4 --out /tmp/full.jsonl
     python experiments/ablation_synthetic_slice.py pairs /tmp/full.jsonl
+    python experiments/ablation_synthetic_slice.py table /tmp/full.jsonl
 
-``pairs`` prints, per regime (n = 200, n = 2000) and per feature count, the mean held-out
+``table`` prints the per-M tables of docs/ablation.md (full plan records); ``pairs`` prints,
+per regime (n = 200, n = 2000) and per feature count, the mean held-out
 accuracy of each variant and the paired differences (same setting, M and seed) with 95%
 t-intervals from :func:`coulomb_attention.stats.paired_difference`.
 """
@@ -19,6 +21,7 @@ import json
 import os
 import time
 
+import numpy as np
 import torch
 
 from coulomb_attention.stats import mean_interval, paired_difference
@@ -113,6 +116,43 @@ def pairs(args) -> None:
                     print(f"| {a} - {b} | {m:+.4f} [{lo:+.4f}, {hi:+.4f}] | {k} |")
 
 
+TABLE_PAIRS = [
+    ("coulomb l=0.01", "gradient (Adam)"), ("coulomb l=0.01", "gradient (drift)"),
+    ("coulomb l=0.1", "gradient (drift)"), ("langevin b=1e3", "gradient (drift)"),
+    ("gradient (drift)", "gradient (Adam)"), ("weighted t=0.05", "gradient (Adam)"),
+    ("weighted t=0.05", "coulomb l=0.01"), ("weighted t=0.2", "coulomb l=0.01"),
+    ("weighted t=0.05", "importance"), ("importance", "fixed"),
+]
+
+
+def table(args) -> None:
+    with open(args.records) as fh:
+        recs = [json.loads(line) for line in fh if line.strip()]
+    score = {(_label(r), r["setting"], r["M"], r["seed"]): r["score"] for r in recs}
+    tasks = sorted({r["setting"].split("-")[0] for r in recs})
+    seeds = sorted({r["seed"] for r in recs})
+    feats = sorted({r["M"] for r in recs})
+    for n in sorted({int(r["setting"].rsplit("-n", 1)[1]) for r in recs}):
+        def cells(ms, n=n):
+            return [(f"{t}-d{arena.D}-n{n}", m, s) for t in tasks for m in ms for s in seeds]
+        print(f"\n**n = {n}: mean held-out accuracy ({len(cells([0]))} runs per cell)**\n")
+        print("| variant | " + " | ".join(f"M={m}" for m in feats) + " |")
+        print("|---" * (len(feats) + 1) + "|")
+        for label, _, _ in ROWS:
+            row = [np.mean([score[(label, *c)] for c in cells([m])]) for m in feats]
+            print(f"| {label} | " + " | ".join(f"{v:.3f}" for v in row) + " |")
+        print(f"\n**n = {n}: paired differences, mean [95% CI]**\n")
+        print("| difference | " + " | ".join(f"M={m}" for m in feats) + " | all |")
+        print("|---" * (len(feats) + 2) + "|")
+        for a, b in TABLE_PAIRS:
+            row = []
+            for ms in [[m] for m in feats] + [feats]:
+                m_, lo, hi, _ = paired_difference([score[(a, *c)] for c in cells(ms)],
+                                                  [score[(b, *c)] for c in cells(ms)])
+                row.append(f"{m_:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+            print(f"| {a} - {b} | " + " | ".join(row) + " |")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -121,10 +161,10 @@ def main(argv=None) -> int:
     r.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     r.add_argument("--features", type=int, nargs="+", default=None)
     r.add_argument("--out", required=True)
-    q = sub.add_parser("pairs")
-    q.add_argument("records")
+    for name in ("pairs", "table"):
+        sub.add_parser(name).add_argument("records")
     args = p.parse_args(argv)
-    (run if args.cmd == "run" else pairs)(args)
+    {"run": run, "pairs": pairs, "table": table}[args.cmd](args)
     return 0
 
 
