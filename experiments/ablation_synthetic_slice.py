@@ -41,6 +41,8 @@ ROWS = [
     ("coulomb l=0.1 b=1e3", "coulomb", {"lam": 0.1, "beta": 1e3}),
     ("weighted t=0.05", "weighted", {"lam": 0.01, "tau": 0.05}),
     ("weighted t=0.2", "weighted", {"lam": 0.01, "tau": 0.2}),
+    ("masses only t=0.05", "weighted", {"lam": 0.01, "tau": 0.05, "transport": False}),
+    ("masses only t=0.2", "weighted", {"lam": 0.01, "tau": 0.2, "transport": False}),
 ]
 PAIRS = [
     ("coulomb l=0.01", "gradient (Adam)"),
@@ -57,6 +59,8 @@ PAIRS = [
     ("weighted t=0.05", "importance"),
     ("importance", "fixed"),
     ("gradient (Adam)", "fixed"),
+    ("masses only t=0.05", "importance"),
+    ("masses only t=0.2", "importance"),
 ]
 
 
@@ -122,6 +126,8 @@ TABLE_PAIRS = [
     ("gradient (drift)", "gradient (Adam)"), ("weighted t=0.05", "gradient (Adam)"),
     ("weighted t=0.05", "coulomb l=0.01"), ("weighted t=0.2", "coulomb l=0.01"),
     ("weighted t=0.05", "importance"), ("importance", "fixed"),
+    ("masses only t=0.05", "importance"), ("masses only t=0.2", "importance"),
+    ("masses only t=0.2", "fixed"), ("weighted t=0.05", "masses only t=0.05"),
 ]
 
 

@@ -125,6 +125,14 @@ def test_weighted_particle_features_scale_features_by_their_masses():
         ParticleFeatures(8, optimizer="adam", weighted=True).fit(X, y)
     with pytest.raises(ValueError, match="w_min"):
         ParticleFeatures(8, weighted=True, w_min=2.0).fit(X, y)
+    with pytest.raises(ValueError, match="transport"):
+        ParticleFeatures(8, transport=False).fit(X, y)
+    # masses only: the positions stay at the draw unless a particle died and jumped
+    still = ParticleFeatures(16, n_steps=30, weighted=True, transport=False, w_min=0.0,
+                             random_state=0).fit(X, y)
+    start = RandomFeatures(16, random_state=0).fit(X, y)
+    np.testing.assert_allclose(still.omega_, start.omega_, rtol=1e-12, atol=1e-14)
+    assert still.weights_.max() / still.weights_.min() > 1.5
 
 
 def test_multiclass_and_string_labels():

@@ -464,6 +464,10 @@ class ParticleFeatures(_BaseRandomFeatures):
         of ``log w_i`` per step; it follows the shape of the ``eta`` schedule.
     w_min : float in [0, 1), default=0.1
         Death threshold in units of ``1 / N`` (weighted only; ``0``: no birth-death).
+    transport : bool, default=True
+        Weighted only: ``False`` keeps the positions at their draw (they move only by
+        birth-death jumps onto heavy particles): pure Fisher-Rao reweighting, the
+        fixed-position case of which :class:`ImportanceFeatures` is a one-shot version.
     random_state : None, int, numpy RandomState/Generator or torch.Generator
 
     Attributes
@@ -512,6 +516,7 @@ class ParticleFeatures(_BaseRandomFeatures):
         weighted: bool = False,
         tau: float = 0.05,
         w_min: float = 0.1,
+        transport: bool = True,
         random_state=None,
     ):
         self.n_components = n_components
@@ -542,6 +547,7 @@ class ParticleFeatures(_BaseRandomFeatures):
         self.weighted = weighted
         self.tau = tau
         self.w_min = w_min
+        self.transport = transport
         self.random_state = random_state
 
     # -- validation ---------------------------------------------------------
@@ -586,7 +592,7 @@ class ParticleFeatures(_BaseRandomFeatures):
                 f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}"
             )
         p["eval_every"] = int(check_positive("eval_every", self.eval_every, integer=True))
-        for name in ("center", "normalize", "learn_bias", "weighted"):
+        for name in ("center", "normalize", "learn_bias", "weighted", "transport"):
             if not isinstance(getattr(self, name), bool | np.bool_):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         check_choice("optimizer", self.optimizer, METHODS)
@@ -596,6 +602,8 @@ class ParticleFeatures(_BaseRandomFeatures):
             if math.isfinite(p["beta"]) or self.beta_schedule != "constant":
                 raise ValueError("optimizer='adam' has no noise: it needs beta=inf and "
                                  "beta_schedule='constant'")
+        if not self.transport and not self.weighted:
+            raise ValueError("transport=False needs weighted=True (only masses would be left)")
         p["tau"] = float(check_nonnegative("tau", self.tau))
         p["w_min"] = float(check_nonnegative("w_min", self.w_min))
         if p["w_min"] >= 1:
@@ -695,7 +703,8 @@ class ParticleFeatures(_BaseRandomFeatures):
                                 w=None if w is None else w.clone())
 
         best["u"], _ = proj(u0.clone())
-        reaction = Reaction(tau=p["tau"], w_min=p["w_min"]) if self.weighted else None
+        reaction = (Reaction(tau=p["tau"], w_min=p["w_min"], transport=bool(self.transport))
+                    if self.weighted else None)
         if reaction is not None:
             best["w"] = torch.full((n_part,), 1.0 / n_part, dtype=DTYPE)
         result = learn_particles(ham, u0, schedule, batches, projection=proj, generator=gen,

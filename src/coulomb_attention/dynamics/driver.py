@@ -223,7 +223,7 @@ def learn_particles(
         init_fn, step_fn = weighted_langevin(
             weighted_energy_grad, projection, eta=schedule.eta, beta=schedule.beta,
             tau=reaction.tau, w_min=reaction.w_min, jitter=reaction.jitter,
-            max_drift=schedule.max_drift)
+            max_drift=schedule.max_drift, transport=reaction.transport)
         state = init_fn(omega0, generator, weights0)
         eta0 = schedule.eta
         tau_fn = (lambda k: reaction.tau * eta_fn(k) / eta0)  # noqa: E731

@@ -62,12 +62,16 @@ class Reaction:
     jitter : float >= 0      standard deviation of the jump's offset (particle units)
     normalize : bool         divide ``v - <v>_w`` by a running weighted RMS, so ``tau`` is the
                              RMS change of ``log w_i`` per step whatever the energy's scale
+    transport : bool         ``False``: the positions stay put (no drift, no noise) and move
+                             only by birth-death jumps: pure Fisher-Rao reweighting, the
+                             fixed-position case that importance weighting belongs to
     """
 
     tau: float = 0.05
     w_min: float = 0.1
     jitter: float = 0.01
     normalize: bool = True
+    transport: bool = True
 
     def __post_init__(self) -> None:
         check_nonnegative("tau", self.tau)
@@ -75,8 +79,9 @@ class Reaction:
         check_nonnegative("jitter", self.jitter)
         if self.w_min >= 1:
             raise ValueError(f"w_min must be < 1 (units of 1/N), got {self.w_min}")
-        if not isinstance(self.normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {self.normalize!r}")
+        for name in ("normalize", "transport"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
 
 @dataclass
@@ -170,6 +175,7 @@ def weighted_langevin(
     w_min: float = 0.0,
     jitter: float = 0.0,
     max_drift: float | None = None,
+    transport: bool = True,
 ):
     """Build ``(init_fn, step_fn)`` of the weighted (WFR) dynamics.
 
@@ -183,6 +189,8 @@ def weighted_langevin(
     w_min : death threshold in units of ``1/N`` (``0``: no birth-death)
     jitter : standard deviation of a newborn particle's offset
     max_drift : optional cap on the length of each particle's transport step
+    transport : ``False``: no transport (no drift, no noise); positions change only by
+        birth-death
 
     Returns
     -------
@@ -222,15 +230,18 @@ def weighted_langevin(
                 f"non-finite energy or gradient at weighted step {state.step} "
                 f"(energy={float(energy)}); lower eta or tau, raise eps, or check the data")
         # transport: the gradient of the first variation, grad_i H / w_i
-        drift = -eta_ * grad / w.unsqueeze(1)
-        if max_drift is not None:
-            length = drift.norm(dim=1, keepdim=True)
-            drift = drift * (max_drift / length.clamp_min(max_drift))
-        proposal = omega + drift
-        if math.isfinite(beta_):
-            noise = torch.randn(omega.shape, generator=state.generator, dtype=omega.dtype)
-            proposal = proposal + math.sqrt(2.0 * eta_ / beta_) * noise
-        new_omega, on_boundary = projection(proposal)
+        if transport:
+            drift = -eta_ * grad / w.unsqueeze(1)
+            if max_drift is not None:
+                length = drift.norm(dim=1, keepdim=True)
+                drift = drift * (max_drift / length.clamp_min(max_drift))
+            proposal = omega + drift
+            if math.isfinite(beta_):
+                noise = torch.randn(omega.shape, generator=state.generator, dtype=omega.dtype)
+                proposal = proposal + math.sqrt(2.0 * eta_ / beta_) * noise
+            new_omega, on_boundary = projection(proposal)
+        else:
+            new_omega, on_boundary = projection(omega)
         # reaction: exponentiated-gradient step on the simplex
         new_w = w
         if tau_ > 0:

@@ -24,7 +24,9 @@ langevin   ``ParticleFeatures(M, lam=0, beta=...)``: noise only
 coulomb    ``ParticleFeatures(M, lam=..., beta=...)``: repulsion (``lam = 0.01``, no noise, is
            the estimator's default), a small sweep around it
 weighted   ``ParticleFeatures(M, weighted=True, tau=...)``: Wasserstein-Fisher-Rao masses and
-           birth-death on top of the default (``lam = 0.01``, no noise)
+           birth-death on top of the default (``lam = 0.01``, no noise); with
+           ``"transport": False`` the masses only (positions move by birth-death jumps alone),
+           the like-for-like comparison with importance weighting
 ========== ===================================================================================
 
 Every learned variant uses ParticleFeatures' defaults otherwise (rff map, 150 steps, cosine
@@ -79,10 +81,12 @@ VARIANTS: dict[str, list[dict]] = {
     "gradient": [{}, {"optimizer": "drift"}],
     "langevin": [{"beta": 1e3}, {"beta": 1e2}],
     "coulomb": [{"lam": 0.01}, {"lam": 0.1}, {"lam": 0.01, "beta": 1e3}, {"lam": 0.1, "beta": 1e3}],
-    "weighted": [{"lam": 0.01, "tau": 0.05}, {"lam": 0.01, "tau": 0.2}],
+    "weighted": [{"lam": 0.01, "tau": 0.05}, {"lam": 0.01, "tau": 0.2},
+                 {"lam": 0.01, "tau": 0.05, "transport": False},
+                 {"lam": 0.01, "tau": 0.2, "transport": False}],
 }
 _ALLOWED = {"fixed": set(), "importance": set(), "gradient": {"optimizer"}, "langevin": {"beta"},
-            "coulomb": {"lam", "beta"}, "weighted": {"lam", "beta", "tau"}}
+            "coulomb": {"lam", "beta"}, "weighted": {"lam", "beta", "tau", "transport"}}
 _SETTING = re.compile(r"^(?P<task>[a-z]+)-d(?P<d>\d+)-n(?P<n>\d+)$")
 
 
@@ -149,7 +153,8 @@ _BUILDERS = {
     "coulomb": _coulomb,
     "weighted": lambda p, M, seed: ParticleFeatures(
         M, weighted=True, lam=float(p.get("lam", 0.01)), beta=float(p.get("beta", math.inf)),
-        tau=float(p.get("tau", 0.05)), random_state=seed),
+        tau=float(p.get("tau", 0.05)), transport=bool(p.get("transport", True)),
+        random_state=seed),
 }
 
 
