@@ -6,6 +6,8 @@
 - :mod:`.demo`           the short fixed-versus-learned demo
 - :mod:`.suite`          every attention x kernel variant of the run pipeline
 - :mod:`.minilm`         the pretrained-encoder comparison
+- :mod:`.ablation`       the ablation study (what each ingredient buys): one framework, one module
+                         per arena (``ablation_synthetic``, ``ablation_mqar``, ``ablation_convert``)
 
 Submodules are imported by name (``from coulomb_attention.studies import synthetic``); this
 package imports nothing, so a command's ``--help`` stays light.
