@@ -171,20 +171,28 @@ def test_remote_kernel_matches_the_project_ops():
     q, k, v = (torch.randn(2, 3, 7, 8, generator=g, dtype=torch.float64) for _ in range(3))
     omega = torch.randn(3, 5, 8, generator=g, dtype=torch.float64)  # float64: exact compare
     mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    def remote_attention(q, k, v, omega, name, mask=None):  # the remote code puts heads first
+        def t(x):
+            return x.transpose(0, 1)
+
+        return t(remote.kernel_attention(t(q), t(k), t(v), omega, name, mask))
+
     ref = AF.favor_attention(q, k, v, omega, mask)
-    got = remote.kernel_attention(q, k, v, omega, "favor", mask)
+    got = remote_attention(q, k, v, omega, "favor", mask)
     assert got.dtype == torch.float64 and float((ref - got).abs().max()) < 1e-12
     for name in ("porf_softplus", "softmax_feat"):
         phi = ATTENTION_FEATURES[name].phi
         pq = torch.stack([phi(q[:, h], omega[h]) for h in range(3)], 1)
         pk = torch.stack([phi(k[:, h], omega[h]) for h in range(3)], 1)
         ref = AF.linear_attention(pq, pk, v, mask)
-        got = remote.kernel_attention(q, k, v, omega, name, mask)
+        got = remote_attention(q, k, v, omega, name, mask)
         assert float((ref - got).abs().max()) < 1e-12, name
     # padded keys do not matter: the short sequence alone gives the same rows
-    alone = remote.kernel_attention(q[1:, :, :4], k[1:, :, :4], v[1:, :, :4], omega, "favor")
-    assert float((alone - remote.kernel_attention(q, k, v, omega, "favor", mask)[1:, :, :4])
+    alone = remote_attention(q[1:, :, :4], k[1:, :, :4], v[1:, :, :4], omega, "favor")
+    assert float((alone - remote_attention(q, k, v, omega, "favor", mask)[1:, :, :4])
                  .abs().max()) < 1e-12
+    shared = remote_attention(q, k, v, omega[:1], "favor", mask)  # one omega for all heads
+    assert float((shared - AF.favor_attention(q, k, v, omega[:1], mask)).abs().max()) < 1e-12
 
 
 def _run_cli(argv, capsys):

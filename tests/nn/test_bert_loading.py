@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_pretrained import TINY, write_tiny_bert
 
 from coulomb_attention.nn.bert import (
     check_vocabulary,
     load_bert_state_dict,
     read_bert_config,
 )
+from test_pretrained import TINY, write_tiny_bert
 
 
 @pytest.fixture()

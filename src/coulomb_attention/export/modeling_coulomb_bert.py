@@ -16,6 +16,8 @@ Per layer and head, with queries and keys scaled by ``head_dim ** -0.25``::
     softmax_feat   phi(u) = softmax_m(u . w_m)
 
 computed in float32 (float64 stays float64), in the linear order: O(L M head_dim) per head.
+Factors that cancel in the ratio exactly (``1/sqrt(M)``; for FAVOR+ queries ``exp(-|q|^2/2)``,
+a constant per row) are not computed.
 The rest is BERT: word + position + token-type embeddings -> LayerNorm, post-norm blocks with
 exact GELU; ``last_hidden_state`` is what sentence-transformers mean-pools.
 """
@@ -46,51 +48,60 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def feature_logits(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-    """``u . w_m`` of u (B, H, L, d) with omega (1 or H, M, d): (B, H, L, M)."""
-    return torch.matmul(u, omega.transpose(-1, -2))
+    """``u . w_m`` of u (H, B, L, d) with omega (1 or H, M, d): (H, B, L, M), as one matrix
+    product per head group over all B L rows (large products, not B H small ones)."""
+    H, B, L, d = u.shape
+    if omega.shape[0] == 1:
+        return (u.reshape(H * B * L, d) @ omega[0].T).view(H, B, L, -1)
+    return torch.bmm(u.reshape(H, B * L, d), omega.transpose(1, 2)).view(H, B, L, -1)
 
 
 def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, is_query: bool,
                     key_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Features of scaled queries or keys u (B, H, L, d): (B, H, L, M), padded keys 0.
+    """Features of scaled queries or keys u (H, B, L, d): (H, B, L, M), padded keys 0.
 
-    ``key_mask`` (B, L) bool, True = real token (keys only).
+    Up to factors that cancel in the attention ratio: a constant per query row (FAVOR+'s
+    ``-|q|^2/2`` and its row-max shift) or per (batch, head) (``1/sqrt(M)``, the key shift).
+    ``key_mask`` (B, L) bool, True = real token (keys only). Without autograd the large
+    (B, H, L, M) tensors are updated in place (no fresh allocation per step).
     """
-    M = omega.shape[1]
-    z = feature_logits(u, omega)  # (B, H, L, M)
+    inplace = not (torch.is_grad_enabled() and (u.requires_grad or omega.requires_grad))
+    z = feature_logits(u, omega)  # (H, B, L, M)
+    pad = None if key_mask is None or is_query else ~key_mask[None, :, :, None]
     if feature_map == "favor":
-        z = z - 0.5 * (u * u).sum(-1, keepdim=True)
-        if is_query:
-            shift = z.amax(-1, keepdim=True)  # (B, H, L, 1)
+        if not is_query:
+            sq = 0.5 * (u * u).sum(-1, keepdim=True)  # (H, B, L, 1)
+            z = z.sub_(sq) if inplace else z - sq
+            if pad is not None:
+                z = z.masked_fill_(pad, -math.inf) if inplace else z.masked_fill(pad, -math.inf)
+            shift = z.amax(dim=(-2, -1), keepdim=True)  # (H, B, 1, 1) over the real keys
         else:
-            if key_mask is not None:
-                z = z.masked_fill(~key_mask[:, None, :, None], -math.inf)
-            shift = z.amax(dim=(-2, -1), keepdim=True)  # (B, H, 1, 1)
-        shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-        return torch.exp(z - (shift + 0.5 * math.log(M)))
+            shift = z.amax(-1, keepdim=True)  # (H, B, L, 1)
+        shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift)).detach()
+        return z.sub_(shift).exp_() if inplace else torch.exp(z - shift)
     if feature_map == "porf_softplus":
-        phi = F.softplus(z) / math.sqrt(M)
+        phi = F.softplus(z)
     elif feature_map == "softmax_feat":
         phi = torch.softmax(z, dim=-1)
     else:
         raise ValueError(f"unknown feature_map {feature_map!r}")
-    if key_mask is not None and not is_query:
-        phi = phi * key_mask[:, None, :, None].to(phi.dtype)
+    if pad is not None:
+        phi = phi.masked_fill_(pad, 0.0) if inplace else phi.masked_fill(pad, 0.0)
     return phi
 
 
 def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, omega: torch.Tensor,
                      feature_map: str, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Normalised ``phi(Q) (phi(K)^T [V, 1])`` of q, k (B, H, L, d), v (B, H, L, e): (B, H, L, e)
-    in ``v``'s dtype; a query without any real key gets 0."""
+    """Normalised ``phi(Q) [phi(K)^T V, phi(K)^T 1]`` of q, k (H, B, L, d), v (H, B, L, e)
+    (heads first) with omega (1 or H, M, d): (H, B, L, e) in ``v``'s dtype; ``key_mask``
+    (B, L) bool; a query without any real key gets 0."""
     dt = _compute_dtype(v)
     q, k, vv, om = q.to(dt), k.to(dt), v.to(dt), omega.to(dt)
     pq = kernel_features(q, om, feature_map, is_query=True)
     pk = kernel_features(k, om, feature_map, is_query=False, key_mask=key_mask)
-    v1 = torch.cat([vv, vv.new_ones((*vv.shape[:-1], 1))], dim=-1)  # (B, H, L, e+1)
-    kv = pk.transpose(-1, -2) @ v1  # (B, H, M, e+1)
-    n = pq @ kv  # (B, H, L, e+1)
-    return (n[..., :-1] / n[..., -1:].clamp_min(_TINY)).to(v.dtype)
+    kv = torch.cat([pk.transpose(-1, -2) @ vv, pk.sum(-2).unsqueeze(-1)], -1)  # (H, B, M, e+1)
+    n = pq @ kv  # (H, B, L, e+1): numerator and normaliser in one product
+    return (n[..., :-1] / n[..., -1:].clamp_min(_TINY)).to(v.dtype)  # (H, B, L, e)
 
 
 # ---------------------------------------------------------------------------- modules
@@ -135,14 +146,14 @@ class CoulombBertSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
 
-        def split(t):
-            return t.view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, dh)
+        def split(t):  # heads first: (H, B, T, dh)
+            return t.view(B, T, self.heads, self.head_dim).permute(2, 0, 1, 3)
 
         scale = self.head_dim ** -0.25
         q, k = split(self.query(x)) * scale, split(self.key(x)) * scale
         out = kernel_attention(q, k, split(self.value(x)), self.omega, self.feature_map,
-                               key_mask)
-        return out.transpose(1, 2).reshape(B, T, self.heads * self.head_dim)
+                               key_mask)  # (H, B, T, dh)
+        return out.permute(1, 2, 0, 3).reshape(B, T, self.heads * self.head_dim)
 
 
 class CoulombBertSelfOutput(nn.Module):
