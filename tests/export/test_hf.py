@@ -307,3 +307,12 @@ def test_encoder_speed_rows_and_card(converted, hf_bert, tmp_path):
     out = export_hf_directory(converted / "checkpoint", tmp_path / "hf", speed=rows)
     card = (out / "README.md").read_text()
     assert "## Speed" in card and f"| 16 | {rows[1]['converted_sps']:.1f} |" in card
+    # the commands: bench encoder writes the rows, export-hf --speed puts them in the card
+    small = ["--original", str(original), "--lengths", "8", "--batch-size", "2",
+             "--repeats", "1"]
+    assert main(["bench", "encoder", str(out), *small, "--out", str(tmp_path / "s.json")]) == 0
+    assert [r["length"] for r in json.loads((tmp_path / "s.json").read_text())] == [8]
+    assert main(["export-hf", str(converted / "checkpoint"), str(tmp_path / "hf2"), "--speed",
+                 *small]) == 0
+    rows = json.loads((tmp_path / "hf2" / "speed.json").read_text())
+    assert f"| 8 | {rows[0]['converted_sps']:.1f} |" in (tmp_path / "hf2" / "README.md").read_text()

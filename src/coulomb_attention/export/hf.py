@@ -46,6 +46,8 @@ _AUTO_MAP = {"AutoConfig": "configuration_coulomb_bert.CoulombBertConfig",
              "AutoModel": "modeling_coulomb_bert.CoulombBertModel"}
 _SPECIAL = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
             "cls_token": "[CLS]", "mask_token": "[MASK]"}
+#: Hub names of the packaged encoders (:data:`coulomb_attention.nn.bert.PRETRAINED`), for the card.
+HUB_NAMES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 _MODULES = [
     {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
     {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -80,7 +82,8 @@ def _hf_config(model) -> dict[str, Any]:
         raise ValueError(f"attention {cfg.attention!r} cannot be exported (the remote code "
                          f"implements {', '.join(EXPORTABLE_MAPS)})")
     out = {k: v for k, v in model.bert_config.items()
-           if k not in ("auto_map", "architectures", "_name_or_path", KERNEL_KEY)}
+           if k not in ("auto_map", "architectures", "_name_or_path", "transformers_version",
+                        KERNEL_KEY)}
     out.update({"model_type": "coulomb_bert", "architectures": ["CoulombBertModel"],
                 "auto_map": dict(_AUTO_MAP), "feature_map": cfg.attention,
                 "n_features": int(cfg.n_features), "share_features": bool(cfg.share_features)})
@@ -204,6 +207,9 @@ def export_hf_directory(
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         (tmp / name).unlink(missing_ok=True)
     kernel = json.loads((tmp / "config.json").read_text(encoding="utf-8"))[KERNEL_KEY]
+    if directory is not None:  # keep how the particles were made (variant, seed, budget)
+        saved = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        kernel = {**saved.get(KERNEL_KEY, {}), **kernel}
     _write_json(tmp / "config.json", {**hf_cfg, KERNEL_KEY: kernel})
     here = Path(__file__).resolve().parent
     for name in REMOTE_CODE:
@@ -211,9 +217,10 @@ def export_hf_directory(
     max_pos = int(model.config.max_len)
     _tokenizer_files(tmp, vocab_dir, _lowercase(vocab_dir), max_pos)
     _sentence_transformers_files(tmp, int(model.config.dim), _max_seq_length(vocab_dir, max_pos))
-    card = model_card(hf_cfg, result=result, speed=speed,
-                      base_model=base_model or (result or {}).get("config", {}).get("encoder")
-                      or str(model.source or "unknown"))
+    if base_model is None:
+        base_model = (result or {}).get("config", {}).get("encoder") or str(model.source or "?")
+        base_model = HUB_NAMES.get(str(base_model).lower(), base_model)
+    card = model_card(hf_cfg, result=result, speed=speed, base_model=base_model)
     (tmp / "README.md").write_text(card, encoding="utf-8")
     if out.exists():
         shutil.rmtree(out)
@@ -260,7 +267,7 @@ def model_card(hf_cfg: dict[str, Any], *, result: dict[str, Any] | None = None,
         "emb = model.encode([\"A sentence\", \"Another one\"])  # mean pooled, L2-normalised",
         "",
         "from transformers import AutoModel, AutoTokenizer",
-        "tok = AutoTokenizer.from_pretrained(DIR)",
+        "tok = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)",
         "enc = AutoModel.from_pretrained(DIR, trust_remote_code=True).eval()",
         "batch = tok([\"A sentence\"], padding=True, return_tensors=\"pt\")",
         "hidden = enc(**batch).last_hidden_state  # mean-pool over batch['attention_mask']",
