@@ -277,6 +277,17 @@ def test_convert_bad_encoders_one_line(hf_bert, tmp_path, capsys):
         assert rc == 2 and msg in err and "\n" not in err, (enc, err)
 
 
+def test_convert_no_hf_skips_the_export(hf_bert, tmp_path):
+    sent = tmp_path / "s.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / "run"
+    assert main(["convert", "--encoder", str(hf_bert), "--n-features", "4", "--sentences",
+                 str(sent), "--n-sentences", "6", "--holdout", "2", "--steps", "1",
+                 "--refine-steps", "0", "--no-eval", "--no-hf", "--out", str(out),
+                 "--no-progress"]) == 0
+    assert (out / "checkpoint" / "model.safetensors").is_file() and not (out / "hf").exists()
+
+
 def test_export_hf_help_imports_no_torch():
     code = ("import sys\nfrom coulomb_attention.cli import main\n"
             "try:\n    main(['export-hf', '--help'])\nexcept SystemExit:\n    pass\n"
