@@ -145,6 +145,23 @@ def test_every_map_exports_exactly(hf_bert, tmp_path, feature_map, share):
     assert float((_st(out) - ours).abs().max()) < 1e-5
 
 
+def test_remote_model_trains_and_its_autograd_path_equals_the_in_place_one(converted):
+    """With autograd the remote kernel runs out of place: same outputs, finite gradients."""
+    model = transformers.AutoModel.from_pretrained(str(converted / "hf"),
+                                                   trust_remote_code=True).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(converted / "hf"),
+                                                     trust_remote_code=True)
+    batch = tok(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ref = model(**batch).last_hidden_state
+    out = model(**batch).last_hidden_state
+    assert out.requires_grad and float((out.detach() - ref).abs().max()) < 1e-6
+    out[batch["attention_mask"].bool()].pow(2).mean().backward()
+    grad = model.encoder.layer[0].attention.self.query.weight.grad
+    assert grad is not None and bool(torch.isfinite(grad).all()) and float(grad.abs().max()) > 0
+    assert all(not b.requires_grad for n, b in model.named_buffers() if n.endswith("omega"))
+
+
 def test_remote_code_imports_only_torch_and_transformers():
     import coulomb_attention.export as pkg
 
