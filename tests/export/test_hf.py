@@ -208,6 +208,10 @@ def test_remote_kernel_matches_the_project_ops():
     alone = remote_attention(q[1:, :, :4], k[1:, :, :4], v[1:, :, :4], omega, "favor")
     assert float((alone - remote_attention(q, k, v, omega, "favor", mask)[1:, :, :4])
                  .abs().max()) < 1e-12
+    scaled = remote.kernel_attention(q.transpose(0, 1) / 3, k.transpose(0, 1) / 3,
+                                     v.transpose(0, 1), omega, "favor", mask, scale=3.0)
+    favor_ref = AF.favor_attention(q, k, v, omega, mask)
+    assert float((scaled.transpose(0, 1) - favor_ref).abs().max()) < 1e-12  # scale on omega
     shared = remote_attention(q, k, v, omega[:1], "favor", mask)  # one omega for all heads
     assert float((shared - AF.favor_attention(q, k, v, omega[:1], mask)).abs().max()) < 1e-12
 

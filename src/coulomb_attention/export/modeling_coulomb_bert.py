@@ -57,20 +57,21 @@ def feature_logits(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, is_query: bool,
-                    key_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Features of scaled queries or keys u (H, B, L, d): (H, B, L, M), padded keys 0.
+                    key_mask: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+    """Features of queries or keys ``scale * u``, u (H, B, L, d): (H, B, L, M), padded keys 0
+    (the scale is applied to omega, the smaller tensor).
 
     Up to factors that cancel in the attention ratio: a constant per query row (FAVOR+'s
     ``-|q|^2/2`` and its row-max shift) or per (batch, head) (``1/sqrt(M)``, the key shift).
     ``key_mask`` (B, L) bool, True = real token (keys only). Without autograd the large
-    (B, H, L, M) tensors are updated in place (no fresh allocation per step).
+    (H, B, L, M) tensors are updated in place (no fresh allocation per step).
     """
     inplace = not (torch.is_grad_enabled() and (u.requires_grad or omega.requires_grad))
-    z = feature_logits(u, omega)  # (H, B, L, M)
+    z = feature_logits(u, omega * scale)  # (H, B, L, M): (scale u) . w
     pad = None if key_mask is None or is_query else ~key_mask[None, :, :, None]
     if feature_map == "favor":
         if not is_query:
-            sq = 0.5 * (u * u).sum(-1, keepdim=True)  # (H, B, L, 1)
+            sq = (0.5 * scale * scale) * (u * u).sum(-1, keepdim=True)  # (H, B, L, 1)
             z = z.sub_(sq) if inplace else z - sq
             if pad is not None:
                 z = z.masked_fill_(pad, -math.inf) if inplace else z.masked_fill(pad, -math.inf)
@@ -91,14 +92,16 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
 
 
 def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, omega: torch.Tensor,
-                     feature_map: str, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Normalised ``phi(Q) [phi(K)^T V, phi(K)^T 1]`` of q, k (H, B, L, d), v (H, B, L, e)
-    (heads first) with omega (1 or H, M, d): (H, B, L, e) in ``v``'s dtype; ``key_mask``
-    (B, L) bool; a query without any real key gets 0."""
+                     feature_map: str, key_mask: torch.Tensor | None = None,
+                     scale: float = 1.0) -> torch.Tensor:
+    """Normalised ``phi(Q) [phi(K)^T V, phi(K)^T 1]`` of queries and keys ``scale * q``,
+    ``scale * k``, q, k (H, B, L, d), v (H, B, L, e) (heads first) with omega (1 or H, M, d):
+    (H, B, L, e) in ``v``'s dtype; ``key_mask`` (B, L) bool; a query without any real key
+    gets 0."""
     dt = _compute_dtype(v)
     q, k, vv, om = q.to(dt), k.to(dt), v.to(dt), omega.to(dt)
-    pq = kernel_features(q, om, feature_map, is_query=True)
-    pk = kernel_features(k, om, feature_map, is_query=False, key_mask=key_mask)
+    pq = kernel_features(q, om, feature_map, is_query=True, scale=scale)
+    pk = kernel_features(k, om, feature_map, is_query=False, key_mask=key_mask, scale=scale)
     kv = torch.cat([pk.transpose(-1, -2) @ vv, pk.sum(-2).unsqueeze(-1)], -1)  # (H, B, M, e+1)
     n = pq @ kv  # (H, B, L, e+1): numerator and normaliser in one product
     return (n[..., :-1] / n[..., -1:].clamp_min(_TINY)).to(v.dtype)  # (H, B, L, e)
@@ -149,10 +152,9 @@ class CoulombBertSelfAttention(nn.Module):
         def split(t):  # heads first: (H, B, T, dh)
             return t.view(B, T, self.heads, self.head_dim).permute(2, 0, 1, 3)
 
-        scale = self.head_dim ** -0.25
-        q, k = split(self.query(x)) * scale, split(self.key(x)) * scale
-        out = kernel_attention(q, k, split(self.value(x)), self.omega, self.feature_map,
-                               key_mask)  # (H, B, T, dh)
+        out = kernel_attention(split(self.query(x)), split(self.key(x)), split(self.value(x)),
+                               self.omega, self.feature_map, key_mask,
+                               scale=self.head_dim ** -0.25)  # (H, B, T, dh)
         return out.permute(1, 2, 0, 3).reshape(B, T, self.heads * self.head_dim)
 
 
