@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"features", "energy", "dynamics", "data"},  # the mathematics' pieces, the data
     {"estimators", "meanfield", "nn", "reports"},  # models, solvers, report renderers
     {"train"},  # the training pipeline
-    {"convert"},  # pretrained encoder -> particles
+    {"convert", "export"},  # pretrained encoder -> particles; converted encoder -> HF directory
     {"studies", "bench"},  # experiments: config in, records out
     {"commands"},  # flags -> config -> library -> result files
     {"cli"},  # the entry point: names -> command modules

@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recall": ("coulomb_attention.commands.recall", "MQAR: attention x kernel x M sweep"),
     "report": ("coulomb_attention.commands.report", "Markdown report from a results dir"),
     "convert": ("coulomb_attention.commands.convert", "distil a pretrained encoder into particles"),
+    "export-hf": ("coulomb_attention.commands.export_hf",
+                  "a converted checkpoint as a Hugging Face / sentence-transformers directory"),
 }
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "attention": (
@@ -38,6 +40,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "time/memory of linear attention vs L",
     ),
     "langevin": ("coulomb_attention.commands.bench_langevin", "cost of one Langevin step"),
+    "encoder": ("coulomb_attention.commands.bench_encoder",
+                "sentences/s of a Hugging Face export vs the original encoder"),
 }
 
 # User-input errors: validation (ValueError), files (missing, not a directory, not readable),
@@ -93,7 +97,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             _add(sub, name, module, help_)
         else:
             sub.add_parser(name, help=help_)
-    bench = sub.add_parser("bench", help="benchmarks (attention, langevin)")
+    bench = sub.add_parser("bench", help="benchmarks (attention, langevin, encoder)")
     bench_sub = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     wanted_bench = rest[1] if wanted == "bench" and len(rest) > 1 else None
     for name, (module, help_) in BENCHMARKS.items():

@@ -193,7 +193,10 @@ def load_pretrained_encoder(
             if i not in omegas:
                 raise ValueError(f"{directory}: converted checkpoint lacks the particles "
                                  f"{OMEGA_KEY.format(i)}")
-            layer.load_features_(omegas[i])
+            try:
+                layer.load_features_(omegas[i])
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{directory}: particles {OMEGA_KEY.format(i)}: {exc}") from exc
     model.unused_keys = unused
     model.bert_config = {k: v for k, v in bert.items() if k != KERNEL_KEY}
     return model.eval()
