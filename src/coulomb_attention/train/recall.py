@@ -33,18 +33,17 @@ draw (the fair fixed baseline: same teacher, same fine-tuning); phase B as above
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from .._validation import check_choice, check_positive
-import hashlib
-import json
-from pathlib import Path
-
 from ..config import to_dict
 from ..data.mqar import IGNORE, MQARConfig, MQARData, make_mqar
 from ..dynamics import cycle, learn_particles
@@ -54,6 +53,7 @@ from ..nn.recall import RecallModel, RecallModelConfig
 from .capture import layer_inputs
 from .loop import Runtime, TrainConfig, fit
 from .phases import AlignConfig, langevin_setup
+from .recall_levels import RECALL_LEVELS
 from .recall_teacher import (
     OBJECTIVES,
     RecallFitConfig,
@@ -62,13 +62,12 @@ from .recall_teacher import (
     omega_diagnostics,
 )
 
-__all__ = ["INITS", "KERNELS", "RECALL_OBJECTIVES", "RecallRunConfig", "evaluate_recall",
-           "recall_phase_a", "run_recall", "train_teacher"]
+__all__ = ["INITS", "KERNELS", "RECALL_LEVELS", "RECALL_OBJECTIVES", "RecallRunConfig",
+           "evaluate_recall", "recall_phase_a", "run_recall", "train_teacher"]
 
 KERNELS = ("vanilla", "learned")
 INITS = ("warmup", "teacher")
 RECALL_OBJECTIVES = ("token_pair", *OBJECTIVES)
-
 
 def _recall_train_default() -> TrainConfig:
     return TrainConfig(epochs=8, batch_size=64, lr=3e-3, weight_decay=0.1, warmup_fraction=0.1,
@@ -364,9 +363,15 @@ def run_recall(config: RecallRunConfig, progress: bool = False,
     history += tune.history
     t_b = time.perf_counter() - t0
     metrics = evaluate_recall(model, eval_data)
+    route = None  # the token-pair path (rows as before the teacher route existed)
+    if config.init == "teacher" or config.objective != "token_pair":
+        route = config.init + ("" if config.kernel == "vanilla" else
+                               f"+{config.objective}" + ("" if config.objective == "token_pair"
+                                                         else f"+{config.fit.method}"))
     return {
         "attention": config.model.attention,
         "kernel": config.kernel,
+        "route": route,
         "n_features": config.model.n_features,
         "seed": seed,
         "accuracy": metrics["accuracy"],
