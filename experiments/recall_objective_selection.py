@@ -27,7 +27,8 @@ OBJECTIVES = ("teacher", "teacher_query", "indicator")
 def main(out: Path) -> None:
     torch.set_num_threads(1)
     path = out / "selection.jsonl"
-    done = {(r["setting"], r["M"], r["seed"], r["objective"]) for r in read_jsonl(path, repair=True)}
+    done = {(r["setting"], r["M"], r["seed"], r["objective"])
+            for r in read_jsonl(path, repair=True)}
     for seed in (5,):
         for att in ("favor", "porf_softplus"):
             for m in (16, 64):

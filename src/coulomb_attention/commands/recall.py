@@ -77,8 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "indicator (docs/recall.md)")
     p.add_argument("--init", choices=("warmup", "teacher"), default=None,
                    help="start from a fixed-feature warm-up or from the weights of a softmax "
-                        "teacher (cached in OUT/teachers); default: teacher for the teacher "
-                        "objectives, else warmup")
+                        "teacher (cached in OUT/teachers); default: warmup for token_pair, "
+                        "else teacher")
     p.add_argument("--fit-method", choices=FIT_METHODS, default="langevin",
                    help="how omega is fitted to the teacher-route objective")
     p.add_argument("--config", type=Path, help="JSON overrides applied to every level")
@@ -104,8 +104,7 @@ def grid(args) -> list[tuple[str, RecallRunConfig]]:
     levels, atts, kernels, ms, seeds = (_flat(args.levels), _flat(args.attentions),
                                         _flat(args.kernels), _flat(args.n_features),
                                         _flat(args.seeds))
-    init = args.init or ("warmup" if args.objective in ("token_pair", "indicator")
-                         else "teacher")
+    init = args.init or ("warmup" if args.objective == "token_pair" else "teacher")
     if init == "teacher" or args.objective != "token_pair":
         extra = _merge({"init": init, "objective": args.objective,
                         "fit": {"method": args.fit_method}}, extra)
@@ -159,6 +158,7 @@ def run(args) -> int:
             continue
         t0 = time.perf_counter()
         route = "" if cfg.init == "warmup" and cfg.objective == "token_pair" else \
+            f" ({cfg.init}, fixed)" if cfg.kernel == "vanilla" else \
             f" ({cfg.init}, {cfg.objective}, {cfg.fit.method})"
         name = (f"[{i + 1}/{len(todo)}] {level} {cfg.model.attention}-{cfg.kernel}{route} "
                 f"M={cfg.model.n_features} seed={cfg.seed}")
