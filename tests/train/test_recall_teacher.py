@@ -130,6 +130,9 @@ def test_fixed_and_learned_start_phase_b_from_the_same_teacher(tmp_path, monkeyp
     fixed = lib.run_recall(_cfg(kernel="vanilla"), teacher_dir=tmp_path)
     learned = lib.run_recall(_cfg(kernel="learned", objective="teacher"), teacher_dir=tmp_path)
     assert not fixed["teacher"]["cached"] and learned["teacher"]["cached"]  # trained once
+    other_m = lib.run_recall(_cfg(model={"n_features": 4}, kernel="vanilla"),
+                             teacher_dir=tmp_path)
+    assert other_m["teacher"]["cached"]  # one teacher per seed whatever M
     from safetensors.torch import load_file
 
     teacher = load_file(fixed["teacher"]["path"])

@@ -263,9 +263,10 @@ def _new_model(model_config: RecallModelConfig, seed: int) -> RecallModel:
 
 
 def _teacher_key(config: RecallRunConfig) -> dict[str, Any]:
-    """Everything the teacher of ``config`` depends on (its cache key)."""
+    """Everything the teacher of ``config`` depends on (its cache key; the softmax model has
+    no particles, so ``n_features`` is not part of it)."""
     return {"task": to_dict(config.task),
-            "model": to_dict(replace(config.model, attention="softmax")),
+            "model": to_dict(replace(config.model, attention="softmax", n_features=1)),
             "train": to_dict(config.teacher_train), "seed": int(config.seed),
             "n_train": config.n_train}
 
