@@ -179,3 +179,11 @@ def test_the_token_pair_path_keeps_its_resume_key():
     routed = to_dict(from_dict(lib.RecallRunConfig, {"init": "teacher"}))
     assert _key(routed) != _key({k: v for k, v in routed.items() if k != "init"})
     assert MQARConfig().n_keys > 0
+
+
+def test_the_command_lists_the_library_choices():
+    from coulomb_attention.commands import recall as cmd
+    from coulomb_attention.train.recall_teacher import FIT_METHODS
+
+    assert cmd.OBJECTIVES == lib.RECALL_OBJECTIVES and cmd.FIT_METHODS == FIT_METHODS
+    assert cmd.LEVELS is lib.RECALL_LEVELS
