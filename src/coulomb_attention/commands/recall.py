@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..results import append_jsonl, read_jsonl
+from ..train.recall_levels import RECALL_LEVELS
 from ._args import add_progress, fill, list_arg, progress_mode
 
 if TYPE_CHECKING:
@@ -29,28 +30,14 @@ if TYPE_CHECKING:
 ATTENTIONS = ("softmax", "favor", "porf_softplus", "softmax_feat", "elu", "none")
 N_FEATURES = (4, 8, 16, 32, 64, 128)
 
-# the two difficulties (task + the model/training that goes with it); small overrides of
-# the RecallRunConfig defaults
-LEVELS: dict[str, dict] = {
-    "easy": {
-        "task": {"vocab_size": 128, "n_pairs": 8, "seq_len": 48, "n_queries": 8},
-        "model": {"vocab_size": 128, "max_len": 48, "dim": 64, "heads": 1, "mlp_dim": 128},
-        "train": {"epochs": 4, "lr": 6e-3},
-        "warmup_epochs": 2, "n_train": 5000, "n_eval": 1000,
-    },
-    "hard": {
-        "task": {"vocab_size": 256, "n_pairs": 16, "seq_len": 80, "n_queries": 16},
-        "model": {"vocab_size": 256, "max_len": 80, "dim": 64, "heads": 1, "mlp_dim": 128},
-        # 4 epochs left exact softmax at 0.61 (still learning); 12 reach 0.977 (seed 0)
-        "train": {"epochs": 12, "lr": 6e-3},
-        "warmup_epochs": 2, "n_train": 5000, "n_eval": 1000,
-    },
-}
+LEVELS = RECALL_LEVELS  # the two difficulties (library: train.recall_levels)
 QUICK = {"n_train": 4000, "n_eval": 300, "warmup_epochs": 2, "train": {"epochs": 2},
          "align": {"steps": 40, "n_examples": 512, "holdout": 128}}
 # the grid flags' defaults, and the smaller ones of --quick (a flag given wins over both)
 GRID = {"levels": list(LEVELS), "attentions": list(ATTENTIONS),
         "kernels": ["vanilla", "learned"], "n_features": list(N_FEATURES), "seeds": [0, 1, 2]}
+OBJECTIVES = ("token_pair", "teacher", "teacher_query", "indicator")
+FIT_METHODS = ("langevin", "adam", "hedgehog")
 QUICK_GRID = {"levels": ["easy"], "attentions": ["softmax", "favor", "none"],
               "kernels": ["vanilla", "learned"], "n_features": [16], "seeds": [0]}
 
@@ -67,6 +54,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                   f"(default: {d['kernels']})")
     list_arg(p, "--n-features", type=int, help=f"(default: {d['n_features']})")
     list_arg(p, "--seeds", type=int, help=f"(default: {d['seeds']})")
+    p.add_argument("--objective", choices=OBJECTIVES, default="token_pair",
+                   help="phase A's target (learned kernels): token_pair (label-free alignment "
+                        "after a warm-up) or the teacher route's teacher / teacher_query / "
+                        "indicator (docs/recall.md)")
+    p.add_argument("--init", choices=("warmup", "teacher"), default=None,
+                   help="start from a fixed-feature warm-up or from the weights of a softmax "
+                        "teacher (cached in OUT/teachers); default: warmup for token_pair, "
+                        "else teacher")
+    p.add_argument("--fit-method", choices=FIT_METHODS, default="langevin",
+                   help="how omega is fitted to the teacher-route objective")
     p.add_argument("--config", type=Path, help="JSON overrides applied to every level")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     add_progress(p)
@@ -80,6 +77,10 @@ def grid(args) -> list[tuple[str, RecallRunConfig]]:
     from ..train.recall import RecallRunConfig
 
     extra = json.loads(args.config.read_text()) if args.config else {}
+    init = args.init or ("warmup" if args.objective == "token_pair" else "teacher")
+    if init == "teacher" or args.objective != "token_pair":
+        extra = deep_merge({"init": init, "objective": args.objective,
+                            "fit": {"method": args.fit_method}}, extra)
     if args.quick:
         fill(args, QUICK_GRID)
         extra = deep_merge(QUICK, extra)
@@ -100,6 +101,18 @@ def grid(args) -> list[tuple[str, RecallRunConfig]]:
     return runs
 
 
+ROUTE_FIELDS = ("init", "objective", "fit", "teacher_train")
+
+
+def _key(config: dict) -> str:
+    """A run's resume key: its resolved config, without the teacher-route fields when the run
+    does not use them (rows written before those fields existed keep their key)."""
+    if config.get("init", "warmup") == "warmup" and \
+            config.get("objective", "token_pair") == "token_pair":
+        config = {k: v for k, v in config.items() if k not in ROUTE_FIELDS}
+    return json.dumps(config, sort_keys=True)
+
+
 def run(args) -> int:
     import torch
 
@@ -110,20 +123,24 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
-    done = {json.dumps(r["config"], sort_keys=True) for r in read_jsonl(results, repair=True)}
+    done = {_key(r["config"]) for r in read_jsonl(results, repair=True)}
     todo = grid(args)
     progress = progress_mode(args)
-    n_done = sum(json.dumps(to_dict(c), sort_keys=True) in done for _, c in todo)
+    n_done = sum(_key(to_dict(c)) in done for _, c in todo)
     print(f"recall: {len(todo)} runs, {n_done} already done", flush=True)
     for i, (level, cfg) in enumerate(todo):
-        key = json.dumps(to_dict(cfg), sort_keys=True)
+        key = _key(to_dict(cfg))
         if key in done:
             continue
         t0 = time.perf_counter()
-        name = (f"[{i + 1}/{len(todo)}] {level} {cfg.model.attention}-{cfg.kernel} "
+        route = "" if cfg.init == "warmup" and cfg.objective == "token_pair" else \
+            f" ({cfg.init}, fixed)" if cfg.kernel == "vanilla" else \
+            f" ({cfg.init}, {cfg.objective}, {cfg.fit.method})"
+        name = (f"[{i + 1}/{len(todo)}] {level} {cfg.model.attention}-{cfg.kernel}{route} "
                 f"M={cfg.model.n_features} seed={cfg.seed}")
         try:
-            row = {"level": level, **run_recall(cfg, progress=progress != "none")}
+            row = {"level": level, **run_recall(cfg, progress=progress != "none",
+                                                teacher_dir=out / "teachers")}
             outcome = f"accuracy {row['accuracy']:.4f}"
         except FloatingPointError as exc:  # one diverged run is a result, not the grid's end
             row = {"level": level, "attention": cfg.model.attention, "kernel": cfg.kernel,
