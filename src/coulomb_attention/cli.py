@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recall": ("coulomb_attention.commands.recall", "MQAR: attention x kernel x M sweep"),
     "report": ("coulomb_attention.commands.report", "Markdown report from a results dir"),
     "convert": ("coulomb_attention.commands.convert", "distil a pretrained encoder into particles"),
+    "ablation": ("coulomb_attention.commands.ablation", "ablation study over arenas + report"),
 }
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "attention": (
