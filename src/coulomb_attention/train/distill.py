@@ -279,7 +279,8 @@ def subsample_trace(trace: list[dict], n: int) -> list[dict]:
     the refinement, None when absent; ``repulsion`` 0.0 without a potential)."""
     if n <= 0 or not trace:
         return []
-    idx = sorted({round(i * (len(trace) - 1) / max(n - 1, 1)) for i in range(min(n, len(trace)))})
+    k = min(n, len(trace))
+    idx = sorted({round(i * (len(trace) - 1) / max(k - 1, 1)) for i in range(k)})
 
     def num(x):
         return None if x is None else float(x)
