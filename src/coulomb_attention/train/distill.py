@@ -437,13 +437,20 @@ def distill_attention(
             new_omega = run.omega.reshape(omega_all.shape).to(dtype)
             traces = [run.trace] * groups
         else:
-            for g in range(groups):
-                order = torch.randperm(len(fit_g[g]), generator=generator).tolist()
-                omega, trace = _fit_hedgehog(term, omega_all[g], cycle(fit_g[g], order),
-                                             config.steps, config.lr,
-                                             tied=config.method == "hedgehog")
-                new_omega[g] = omega
-                traces.append(trace)
+            # Adam (hedgehog's tied W, or omega itself with method="adam"): all head groups in
+            # one run too; the data term is the mean of the per-group terms, and Adam's steps
+            # are invariant to that 1/G scale, so each group moves as in its own Adam run
+            grouped = groups > 1
+            term_all = TeacherAttention(per_head(layer.feature) if grouped else layer.feature,
+                                        output_weight=config.output_weight, dtype=dtype)
+            batches = fit_b if grouped else fit_g[0]
+            order = torch.randperm(len(batches), generator=generator).tolist()
+            omega, trace = _fit_hedgehog(term_all, omega_all if grouped else omega_all[0],
+                                         cycle(batches, order), config.steps, config.lr,
+                                         dim=1 if grouped else 0,
+                                         tied=config.method == "hedgehog")
+            new_omega = omega.reshape(omega_all.shape).to(dtype)
+            traces = [trace] * groups
         layer_records = []
         for g, heads in enumerate(parts):
             omega0, omega = omega_all[g], new_omega[g]
