@@ -2,8 +2,9 @@
 
 For every arena and setting: the mean score per variant label (variant and params) and M with
 its 95% t-interval over seeds; the paired differences (by seed) of every label against the
-references ``gradient``, ``fixed`` and ``hedgehog`` (where the arena has them), with 95%
-t-intervals (:func:`coulomb_attention.stats.paired_difference`); one verdict line per
+references ``gradient``, ``fixed``, ``langevin`` (coulomb - langevin: the repulsion alone) and
+``hedgehog`` (those the arena has), with 95% t-intervals
+(:func:`coulomb_attention.stats.paired_difference`); one verdict line per
 (setting, M, Coulomb label): "Coulomb beats gradient at M=..: yes/no [interval]" ("yes" when the
 whole interval is above 0); the means of the particle diagnostics; and the plots
 ``ablation_<arena>_score.png`` (score vs M per label, one panel per setting) and
@@ -32,7 +33,7 @@ __all__ = [
     "write_ablation_report",
 ]
 
-REFERENCES = ("gradient", "fixed", "hedgehog")
+REFERENCES = ("gradient", "fixed", "langevin", "hedgehog")
 DIAGNOSTICS = ("nn_min", "nn_median", "collapsed_share", "effective_rank")
 
 
