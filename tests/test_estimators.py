@@ -34,6 +34,8 @@ FAST = [
     ImportanceFeatures(n_components=16, pool_size=64),
     ParticleFeatures(n_components=16, n_steps=5, batch_size=64),
     ParticleFeatures(n_components=8, n_steps=3, feature_map="positive", beta=100.0),
+    ParticleFeatures(n_components=8, n_steps=3, weighted=True, tau=0.5, w_min=0.5),
+    ParticleFeatures(n_components=8, n_steps=3, optimizer="adam", lam=0.0),
 ]
 
 
@@ -102,6 +104,35 @@ def test_learning_increases_alignment_and_history():
     # the score method is the centered alignment on the given data
     fixed = RandomFeatures(n_components=32, random_state=0).fit(X, y)
     assert est.score(X, y) > fixed.score(X, y) + 0.1
+
+
+def test_weighted_particle_features_scale_features_by_their_masses():
+    X, y = xor_task(n=400, d=6)
+    est = ParticleFeatures(16, n_steps=60, weighted=True, tau=0.2, random_state=0).fit(X, y)
+    w = est.weights_
+    assert w.shape == (16,) and abs(w.sum() - 1.0) < 1e-12 and (w > 0).all()
+    assert w.max() / w.min() > 2.0  # the masses moved
+    masses = est.weights_
+    est.weights_ = None  # the positions alone
+    plain = est.transform(X)
+    est.weights_ = masses
+    np.testing.assert_allclose(est.transform(X), plain * np.sqrt(16 * masses), rtol=1e-12)
+    assert est.alignment_ > est.initial_alignment_ + 0.1
+    assert all("ess" in h and "births" in h for h in est.history_)
+    # unweighted fits keep weights_ None and the old features
+    assert ParticleFeatures(16, n_steps=5, random_state=0).fit(X, y).weights_ is None
+    with pytest.raises(ValueError, match="adam"):
+        ParticleFeatures(8, optimizer="adam", weighted=True).fit(X, y)
+    with pytest.raises(ValueError, match="w_min"):
+        ParticleFeatures(8, weighted=True, w_min=2.0).fit(X, y)
+    with pytest.raises(ValueError, match="transport"):
+        ParticleFeatures(8, transport=False).fit(X, y)
+    # masses only: the positions stay at the draw unless a particle died and jumped
+    still = ParticleFeatures(16, n_steps=30, weighted=True, transport=False, w_min=0.0,
+                             random_state=0).fit(X, y)
+    start = RandomFeatures(16, random_state=0).fit(X, y)
+    np.testing.assert_allclose(still.omega_, start.omega_, rtol=1e-12, atol=1e-14)
+    assert still.weights_.max() / still.weights_.min() > 1.5
 
 
 def test_multiclass_and_string_labels():
@@ -232,8 +263,8 @@ def test_validation_selection_keeps_a_visited_iterate():
 
 
 def test_bench_and_demo_helpers():
-    from coulomb_attention.commands.bench_langevin import time_step
-    from coulomb_attention.commands.demo import make_demo_task
+    from coulomb_attention.bench.langevin import time_step
+    from coulomb_attention.data.synthetic import make_demo_task
 
     assert time_step(N=8, n=64, d=3, repeats=1, dtype=torch.float32) > 0
     X, y = make_demo_task(50, 5, 0.0, 0)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from argparse import Namespace
 
 import matplotlib.figure
 import numpy as np
@@ -38,7 +37,7 @@ def test_command_module_import_is_light(module):
 
 
 def test_demo_plot_puts_alignment_and_neg_h_on_separate_axes(tmp_path, figures):
-    from coulomb_attention.commands import demo
+    from coulomb_attention.reports import demo
 
     trace = [{"alignment": 0.1 * k, "energy": -0.1 * k + 0.005} for k in range(1, 6)]
     res = {"results": [{"method": "ParticleFeatures(64)", "test_accuracy": 0.9}],
@@ -56,7 +55,7 @@ def test_demo_plot_puts_alignment_and_neg_h_on_separate_axes(tmp_path, figures):
 @pytest.mark.parametrize("spreads", [(0.44, 0.98), (0.16, 0.19), (1e-4, 1.0)],
                          ids=["one decade", "narrow", "four decades"])
 def test_concentration_plot_labels_at_least_three_log_ticks(tmp_path, figures, spreads):
-    from coulomb_attention.commands import concentration as conc
+    from coulomb_attention.reports import concentration as conc
 
     lo, hi = spreads
     vals = iter(np.geomspace(hi, lo, 8))
@@ -81,7 +80,7 @@ def test_concentration_plot_labels_at_least_three_log_ticks(tmp_path, figures, s
 def test_meanfield_density_plot_has_colour_bars_in_2d(tmp_path, figures, dim):
     from coulomb_attention.cli import main
 
-    argv = ["meanfield", "--dim", str(dim), "--quick", "--ns", "8,16", "--seeds", "2",
+    argv = ["meanfield", "--dim", str(dim), "--quick", "--ns", "8,16", "--n-seeds", "2",
             "--grid", "8", "--t-final", "0.02", "--eta", "0.01", "--snapshots", "3",
             "--threads", "1", "--out", str(tmp_path)]
     assert main(argv) == 0
@@ -95,12 +94,12 @@ def test_meanfield_density_plot_has_colour_bars_in_2d(tmp_path, figures, dim):
 def test_bench_langevin_plot_labels_both_slopes(tmp_path, figures, monkeypatch):
     import torch
 
-    from coulomb_attention.commands import bench_langevin as bl
+    from coulomb_attention.bench import langevin as bl
 
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
-    args = Namespace(out=str(tmp_path), quick=False, N=[4, 8], n=[8, 16, 32], d=2, repeats=3,
-                     threads=1, dtype="float64")
-    assert bl.run(args) == 0
+    cfg = bl.LangevinBenchConfig(N=(4, 8), n=(8, 16, 32), d=2, repeats=3, threads=1,
+                                 dtype="float64")
+    bl.run_benchmark(cfg, tmp_path, log=lambda m: None)
     res = json.loads((tmp_path / "langevin_step.json").read_text())
     assert res["meta"]["statistic"] == "median" and res["slope_in_n_top_range"] == [16, 32]
     texts = [t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()]
@@ -112,7 +111,7 @@ def test_bench_langevin_plot_labels_both_slopes(tmp_path, figures, monkeypatch):
 
 
 def test_synthetic_particle_diagnostic_says_the_initial_particles_are_the_fits_own(tmp_path):
-    from coulomb_attention.commands import synthetic as syn
+    from coulomb_attention.studies import synthetic as syn
 
     cfg = syn.SyntheticConfig(tasks=["spectral"], n_train=120, n_test=40, diagnostic_budget=8,
                               particles={"n_steps": 3})

@@ -1,4 +1,3 @@
-import json
 import math
 
 import numpy as np
@@ -9,6 +8,7 @@ from scipy.special import erf
 from scipy.stats import wasserstein_distance
 
 from coulomb_attention import meanfield as M
+from coulomb_attention.data.synthetic import make_meanfield_dataset
 from coulomb_attention.dynamics import Box, LangevinSchedule, learn_particles
 from coulomb_attention.energy import make_potential
 from helpers import finite_diff_grad, rel_err
@@ -16,7 +16,7 @@ from helpers import finite_diff_grad, rel_err
 
 def _problem(dim=1, n=48, lam=0.5, beta=4.0, flux="sg", s=1.0, eps=0.3, R=3.0, track=True):
     grid = M.Grid(dim, R, n)
-    x, y = M.make_dataset(dim)
+    x, y = make_meanfield_dataset(dim)
     pot = M.DataPotential(x, y)
     inter = M.GridInteraction(grid, make_potential("riesz", s=s, eps=eps))
     init, step = M.mckean_vlasov(grid, pot, interaction=inter, lam=lam, beta=beta, flux=flux,
@@ -122,7 +122,7 @@ def test_interaction_is_the_convolution_integral():
 
 
 def test_data_potential_formula():
-    x, y = M.make_dataset(2, n_samples=5, random_state=3)
+    x, y = make_meanfield_dataset(2, n_samples=5, random_state=3)
     pot = M.DataPotential(x, y, feature="rff", phase=0.7)
     w = torch.randn(7, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     phi = math.sqrt(2) * torch.cos(x @ w.T + 0.7)  # (n, M)
@@ -133,7 +133,7 @@ def test_data_potential_formula():
 
 
 def test_particle_energy_grad_matches_finite_differences():
-    x, y = M.make_dataset(2)
+    x, y = make_meanfield_dataset(2)
     pot = M.DataPotential(x, y)
     pair = make_potential("riesz", s=1.0, eps=0.2)
     fn = M.particle_hamiltonian(pot, pair, lam=0.7)
@@ -203,7 +203,7 @@ def test_particles_match_pde_at_matched_time_1d():
     histogram within multinomial noise; the PDE at the wrong time does not match."""
     R, beta, lam, eta, t_end, n = 3.0, 4.0, 0.5, 0.01, 0.3, 2000
     grid = M.Grid(1, R, 120)
-    x, y = M.make_dataset(1)
+    x, y = make_meanfield_dataset(1)
     pot = M.DataPotential(x, y)
     pair = make_potential("riesz", s=1.0, eps=0.3)
     init, step = M.mckean_vlasov(grid, pot, interaction=M.GridInteraction(grid, pair), lam=lam,
@@ -255,21 +255,3 @@ def test_loglog_slope_recovers_power_law():
     ns = np.array([64, 128, 256, 512])
     slope, icpt = M.loglog_slope(ns, 3.0 * ns**-0.5)
     assert abs(slope + 0.5) < 1e-12 and abs(icpt - math.log(3.0)) < 1e-12
-
-
-def test_cli_meanfield_writes_results(tmp_path):
-    from coulomb_attention.cli import main
-
-    out = tmp_path / "mf"
-    rc = main(["meanfield", "--dim", "1", "--grid", "48", "--t-final", "0.1", "--eta", "0.02",
-               "--ns", "32,64,128", "--seeds", "2", "--out", str(out)])
-    assert rc == 0
-    rows = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
-    assert {r["n"] for r in rows if r["kind"] == "particles"} == {32, 64, 128}
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["mass_error"] < 1e-12 and summary["free_energy_increase_max"] <= 1e-12
-    assert math.isfinite(summary["slope"])
-    assert (out / "table.md").read_text().count("|") > 10
-    for name in ("densities.png", "free_energy.png", "distance_vs_n.png"):
-        assert (out / name).stat().st_size > 1000
-    assert main(["meanfield", "--dim", "3", "--out", str(out)]) == 2

@@ -181,7 +181,9 @@ def test_suite_refuses_stale_results_and_reruns_on_request(tmp_path, monkeypatch
         atomic_write_json(out / "metrics.json", {"config": to_dict(config)})
         return {}
 
-    monkeypatch.setattr(suite, "run_pipeline", fake_run)
+    from coulomb_attention.studies import suite as suite_study
+
+    monkeypatch.setattr(suite_study, "run_pipeline", fake_run)
     parser = argparse.ArgumentParser()
     suite.add_arguments(parser)
     base = ["--tasks", "sst2", "--seeds", "0", "--variants", "favor-vanilla", "--out",

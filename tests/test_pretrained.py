@@ -16,13 +16,13 @@ import torch
 from coulomb_attention.nn import KernelAttention
 from coulomb_attention.nn.pretrained import (
     PRETRAINED,
-    align_to_softmax,
     convert_bert_state_dict,
     load_bert_state_dict,
     load_pretrained_encoder,
     load_pretrained_tokenizer,
     resolve_checkpoint_dir,
 )
+from coulomb_attention.train.distill import align_to_softmax
 from coulomb_attention.train.phases import AlignConfig
 
 # Reference computed once with sentence-transformers 6.3.0 / transformers 5.24.0 on the

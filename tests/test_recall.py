@@ -206,7 +206,7 @@ def test_recall_command_skips_finished_runs(tmp_path, monkeypatch):
 
     calls = []
 
-    def fake(cfg, progress=False):
+    def fake(cfg, progress=False, teacher_dir=None):
         calls.append(cfg)
         return {"attention": cfg.model.attention, "kernel": cfg.kernel,
                 "n_features": cfg.model.n_features, "seed": cfg.seed, "accuracy": 0.5,
@@ -254,7 +254,7 @@ def test_a_diverged_run_is_recorded_and_the_grid_goes_on(tmp_path, monkeypatch, 
     from coulomb_attention.cli import main
     from coulomb_attention.train import recall as lib
 
-    def fake(cfg, progress=False):
+    def fake(cfg, progress=False, teacher_dir=None):
         if cfg.model.n_features == 8:
             raise FloatingPointError("non-finite training loss (nan) at epoch 7, step 529")
         return {"attention": cfg.model.attention, "kernel": cfg.kernel,

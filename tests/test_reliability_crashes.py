@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from argparse import Namespace
 
 import pytest
 import torch
@@ -79,18 +78,18 @@ class _CrashingJson:
 
 
 def test_bench_langevin_result_never_half_written(tmp_path, monkeypatch):
-    from coulomb_attention.commands import bench_langevin as bl
+    from coulomb_attention.bench import langevin as bl
 
-    args = Namespace(out=str(tmp_path), quick=False, N=[4, 8], n=[8, 16], d=2, repeats=1,
-                     threads=1, dtype="float64")
+    cfg = bl.LangevinBenchConfig(N=(4, 8), n=(8, 16), d=2, repeats=1, threads=1,
+                                 dtype="float64")
     monkeypatch.setattr(bl, "plot", lambda *a, **k: None)
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
-    assert bl.run(args) == 0
+    assert bl.run_benchmark(cfg, tmp_path, log=lambda m: None)["rows"]
     path = tmp_path / "langevin_step.json"
     first = json.loads(path.read_text())
     monkeypatch.setattr(bl, "json", _CrashingJson())
     with pytest.raises(OSError, match="simulated crash"):
-        bl.run(args)
+        bl.run_benchmark(cfg, tmp_path, log=lambda m: None)
     try:
         again = json.loads(path.read_text())
     except json.JSONDecodeError:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from coulomb_attention.stats import loglog_slope, mean_interval, paired_difference
+from coulomb_attention.stats import loglog_fit, loglog_slope, mean_interval, paired_difference
 
 
 def test_paired_difference_matches_scipy_t_interval():
@@ -35,3 +35,10 @@ def test_loglog_slope_recovers_power_law():
     assert loglog_slope(x, 3 * x**-0.5) == pytest.approx(-0.5)
     assert math.isnan(loglog_slope([1.0, 1.0], [1.0, 2.0]))
     assert math.isnan(loglog_slope([1.0, 2.0], [-1.0, 2.0]))
+
+
+def test_loglog_fit_returns_the_intercept_too():
+    x = np.array([2.0, 4.0, 8.0, 16.0])
+    slope, intercept = loglog_fit(x, 3 * x**-0.5)
+    assert slope == pytest.approx(-0.5) and intercept == pytest.approx(math.log(3.0))
+    assert all(math.isnan(v) for v in loglog_fit([1.0], [1.0]))

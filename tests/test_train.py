@@ -20,6 +20,7 @@ from coulomb_attention.config import override, to_dict
 from coulomb_attention.data import SAMPLES_DIR
 from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
 from coulomb_attention.reports import transformer as report
+from coulomb_attention.stats import paired_difference
 from coulomb_attention.train import run as pipeline
 from coulomb_attention.train.checkpoint import (
     atomic_write_json,
@@ -179,7 +180,7 @@ def test_phase_a_raises_alignment_and_moves_only_omega():
 def _args(tmp_path, **kw):
     cfg = tmp_path / "tiny.json"
     cfg.write_text(json.dumps(TINY))
-    base = dict(data_dir=str(SAMPLES_DIR), config=str(cfg), threads=None, no_progress=True)
+    base = dict(data_dir=str(SAMPLES_DIR), config=str(cfg), threads=None, progress="none")
     base.update({name: None for name in train_cmd.COMMON_FLAGS})
     base.update(kw)
     return argparse.Namespace(**base)
@@ -223,8 +224,8 @@ def test_config_errors(tmp_path):
 
 def test_suite_skips_finished_runs_and_report_builds(tmp_path):
     out = tmp_path / "results"
-    args = _args(tmp_path, tasks="rotten_tomatoes", seeds="0", rerun=False,
-                 variants="favor-vanilla,favor-learned", out=str(out))
+    args = _args(tmp_path, tasks=["rotten_tomatoes"], seeds=[0], rerun=False,
+                 variants=["favor-vanilla", "favor-learned"], out=str(out))
     rows = suite.run_suite(args, log=lambda *a: None)
     assert [r["status"] for r in rows] == ["done", "done"]
     paths = [out / "rotten_tomatoes" / v / "seed0" / "metrics.json"
@@ -262,7 +263,7 @@ def test_suite_skips_finished_runs_and_report_builds(tmp_path):
     assert "Processes: 1; global batch: " in text and "torch threads: " in text
     assert "Attention contribution: not measured" in text
     assert "**SHIPPED SAMPLE: 2 of 2 run(s) used the small data samples" in text  # no --data-dir
-    m, lo, hi, n = report.paired_difference([0.8, 0.9, 0.85], [0.7, 0.8, 0.8])
+    m, lo, hi, n = paired_difference([0.8, 0.9, 0.85], [0.7, 0.8, 0.8])
     assert n == 3 and m == pytest.approx(0.0833333) and lo < m < hi
 
 
@@ -371,8 +372,8 @@ def test_learned_run_encodes_with_the_tokenizer_of_the_warmup_it_reuses(tmp_path
 
     monkeypatch.setattr(pipeline, "build_tokenizer", unstable)
     out = tmp_path / "results"
-    args = _args(tmp_path, tasks="rotten_tomatoes", seeds="0", rerun=False,
-                 variants="favor-vanilla,favor-learned", out=str(out))
+    args = _args(tmp_path, tasks=["rotten_tomatoes"], seeds=[0], rerun=False,
+                 variants=["favor-vanilla", "favor-learned"], out=str(out))
     suite.run_suite(args, log=lambda *a: None)
     van, lrn = (out / "rotten_tomatoes" / v / "seed0" for v in ("favor-vanilla", "favor-learned"))
     assert trained == [van / "tokenizer.json"]

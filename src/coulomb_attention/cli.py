@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recall": ("coulomb_attention.commands.recall", "MQAR: attention x kernel x M sweep"),
     "report": ("coulomb_attention.commands.report", "Markdown report from a results dir"),
     "convert": ("coulomb_attention.commands.convert", "distil a pretrained encoder into particles"),
+    "export-hf": ("coulomb_attention.commands.export_hf",
+                  "a converted checkpoint as a Hugging Face / sentence-transformers directory"),
     "ablation": ("coulomb_attention.commands.ablation", "ablation study over arenas + report"),
 }
 BENCHMARKS: dict[str, tuple[str, str]] = {
@@ -39,6 +41,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "time/memory of linear attention vs L",
     ),
     "langevin": ("coulomb_attention.commands.bench_langevin", "cost of one Langevin step"),
+    "encoder": ("coulomb_attention.commands.bench_encoder",
+                "sentences/s of a Hugging Face export vs the original encoder"),
 }
 
 # User-input errors: validation (ValueError), files (missing, not a directory, not readable),
@@ -77,25 +81,28 @@ def _add(sub, name: str, module: str, help_: str) -> None:
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``argv`` only the named command's module is imported (its flags), so
+    ``coulomb-attention --help`` and ``COMMAND --help`` start fast; ``argv=None``: every
+    command's flags."""
     parser = argparse.ArgumentParser(
         prog="coulomb-attention",
         description="Learn the kernel of linear attention as a system of interacting particles.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    # Import only the module of the command being run (fast start-up, isolated failures).
-    wanted = next((a for a in (argv or []) if not a.startswith("-")), None)
+    full = argv is None
+    rest = [a for a in (argv or []) if not a.startswith("-")]
+    wanted = rest[0] if rest else None
     for name, (module, help_) in COMMANDS.items():
-        if wanted in (None, name):
+        if full or wanted == name:
             _add(sub, name, module, help_)
         else:
             sub.add_parser(name, help=help_)
-    bench = sub.add_parser("bench", help="benchmarks (attention, langevin)")
+    bench = sub.add_parser("bench", help="benchmarks (attention, langevin, encoder)")
     bench_sub = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
-    rest = [a for a in (argv or []) if not a.startswith("-")]
     wanted_bench = rest[1] if wanted == "bench" and len(rest) > 1 else None
     for name, (module, help_) in BENCHMARKS.items():
-        if wanted in (None, "bench") and wanted_bench in (None, name):
+        if full or (wanted == "bench" and wanted_bench == name):
             _add(bench_sub, name, module, help_)
         else:
             bench_sub.add_parser(name, help=help_)
@@ -105,12 +112,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
-    run = getattr(args, "_run", None)
-    if run is None:
-        parser.print_help()
-        return 2
     try:
+        args = parser.parse_args(argv)  # a list flag's bad item raises ValueError (one line)
+        run = getattr(args, "_run", None)
+        if run is None:
+            parser.print_help()
+            return 2
         return int(run(args) or 0)
     except KeyboardInterrupt:
         print("coulomb-attention: interrupted", file=sys.stderr)

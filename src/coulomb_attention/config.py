@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["from_dict", "to_dict", "override", "load_overrides"]
+__all__ = ["deep_merge", "from_dict", "to_dict", "override", "load_overrides"]
 
 
 def from_dict(cls: type[T], data: dict[str, Any] | None) -> T:
@@ -68,3 +68,13 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"config file {p} must hold a JSON object")
     return data
+
+
+def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` laid over it, nested dicts merged key by key (a new dict;
+    neither argument is modified). How config files, presets and flags are combined."""
+    out = dict(base)
+    for k, v in changes.items():
+        out[k] = deep_merge(out[k] if isinstance(out.get(k), dict) else {}, v) \
+            if isinstance(v, dict) else v
+    return out

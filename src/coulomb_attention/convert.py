@@ -299,6 +299,7 @@ def convert_encoder(
     name the baseline map, restored on loading), ``out/records.jsonl`` and ``out/result.json``;
     ``out/state/`` holds the per-layer progress while the run is unfinished. Returns the result.
     """
+    from .nn.bert import check_vocabulary
     from .nn.pretrained import (
         load_pretrained_encoder,
         load_pretrained_tokenizer,
@@ -311,7 +312,8 @@ def convert_encoder(
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     directory = resolve_checkpoint_dir(config.encoder)  # unknown encoder: one-line error
-    read_bert_config(directory)  # unsupported architecture: one-line error
+    bert = read_bert_config(directory)  # unsupported architecture: one-line error
+    check_vocabulary(directory, int(bert["vocab_size"]))  # another model's tokenizer
     tok = load_pretrained_tokenizer(directory)
     teacher = load_pretrained_encoder(directory, "softmax")
     if config.variant == "softmax":

@@ -11,7 +11,9 @@ scaled so that the approximate kernel is ``Phi(x) @ Phi(y).T`` (the ``1/sqrt(N)`
   ``D_chi2(q || uniform) <= rho``, and ``n_components`` features are resampled from ``q``.
 - :class:`ParticleFeatures`: the particles follow the core projected Langevin dynamics of the
   core Hamiltonian ``H = -A + lam W_{N,s}`` (centered kernel-target alignment ``A`` on
-  mini-batches, Riesz/Coulomb/log repulsion ``W``).
+  mini-batches, Riesz/Coulomb/log repulsion ``W``); ``weighted=True`` gives them masses
+  (Wasserstein-Fisher-Rao transport + reaction + birth-death), ``optimizer="adam"`` replaces
+  the dynamics by projected Adam (the plain-optimiser ablation).
 
 Scales. ``gamma="scale"`` is ``1 / (n_features_in * X.var())`` as in ``sklearn.svm.SVC``. For
 ``feature_map="rff"`` the particles are ``omega ~ N(0, 2 gamma I)`` acting on raw ``x``
@@ -30,7 +32,14 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._validation import check_choice, check_nonnegative, check_positive, torch_generator
-from .dynamics import SCHEDULES, LangevinSchedule, learn_particles, make_projection
+from .dynamics import (
+    METHODS,
+    SCHEDULES,
+    LangevinSchedule,
+    Reaction,
+    learn_particles,
+    make_projection,
+)
 from .energy import (
     POTENTIALS,
     Hamiltonian,
@@ -435,12 +444,38 @@ class ParticleFeatures(_BaseRandomFeatures):
         the best validation alignment. Off by default: on the tuning family the held-out
         alignment was too noisy to select well and the lost rows cost accuracy.
     eval_every : int, default=10
+    optimizer : {"langevin", "adam"}, default="langevin"
+        ``"adam"``: projected Adam on the same Hamiltonian and schedule (``eta`` is the
+        per-particle step, Adam's ``lr = eta / sqrt(d)``), no noise (needs ``beta=inf``):
+        the "plain gradient descent" ablation.
+    weighted : bool, default=False
+        Weighted particles (Wasserstein-Fisher-Rao, :mod:`coulomb_attention.dynamics.weighted`):
+        each particle carries a mass ``w_i`` (kernel ``sum_i w_i phi_i phi_i^T``); positions
+        follow the Langevin transport, masses the Fisher-Rao reaction
+        ``w_i <- w_i exp(-tau (v_i - <v>_w))`` (``v_i = dH/dw_i``), and a particle lighter than
+        ``w_min / N`` jumps onto a heavy one (drawn by mass), sharing its mass. ``transform``
+        scales feature ``i`` by ``sqrt(N w_i)`` (uniform masses: the unweighted features).
+        Compared with :class:`ImportanceFeatures` (Sinha & Duchi): importance weighting is the
+        fixed-position special case (no transport, one reaction step from uniform with a
+        chi-square instead of an entropic constraint, then resampling); here positions and
+        masses move together and birth-death resamples along the way.
+    tau : float >= 0, default=0.05
+        Reaction step (weighted only): with the running normalisation of ``v``, the RMS change
+        of ``log w_i`` per step; it follows the shape of the ``eta`` schedule.
+    w_min : float in [0, 1), default=0.1
+        Death threshold in units of ``1 / N`` (weighted only; ``0``: no birth-death).
+    transport : bool, default=True
+        Weighted only: ``False`` keeps the positions at their draw (they move only by
+        birth-death jumps onto heavy particles): pure Fisher-Rao reweighting, the
+        fixed-position case of which :class:`ImportanceFeatures` is a one-shot version.
     random_state : None, int, numpy RandomState/Generator or torch.Generator
 
     Attributes
     ----------
     omega_ : ndarray (N, d)
     bias_ : ndarray (N,)
+    weights_ : ndarray (N,) or None  the masses (``weighted=True``; sum 1), else ``None``
+    n_births_ : int  birth-death events of a weighted fit (0 otherwise)
     gamma_, input_scale_ : as :class:`RandomFeatures`
     scale_ : float  r0, the unit of the dynamics
     history_ : list of dict, one per step: energy, alignment, repulsion, boundary_fraction,
@@ -477,6 +512,11 @@ class ParticleFeatures(_BaseRandomFeatures):
         learn_bias: bool = True,
         validation_fraction: float = 0.0,
         eval_every: int = 10,
+        optimizer: str = "langevin",
+        weighted: bool = False,
+        tau: float = 0.05,
+        w_min: float = 0.1,
+        transport: bool = True,
         random_state=None,
     ):
         self.n_components = n_components
@@ -503,6 +543,11 @@ class ParticleFeatures(_BaseRandomFeatures):
         self.learn_bias = learn_bias
         self.validation_fraction = validation_fraction
         self.eval_every = eval_every
+        self.optimizer = optimizer
+        self.weighted = weighted
+        self.tau = tau
+        self.w_min = w_min
+        self.transport = transport
         self.random_state = random_state
 
     # -- validation ---------------------------------------------------------
@@ -547,9 +592,22 @@ class ParticleFeatures(_BaseRandomFeatures):
                 f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}"
             )
         p["eval_every"] = int(check_positive("eval_every", self.eval_every, integer=True))
-        for name in ("center", "normalize", "learn_bias"):
+        for name in ("center", "normalize", "learn_bias", "weighted", "transport"):
             if not isinstance(getattr(self, name), bool | np.bool_):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        check_choice("optimizer", self.optimizer, METHODS)
+        if self.optimizer == "adam":
+            if self.weighted:
+                raise ValueError("optimizer='adam' moves unweighted particles: set weighted=False")
+            if math.isfinite(p["beta"]) or self.beta_schedule != "constant":
+                raise ValueError("optimizer='adam' has no noise: it needs beta=inf and "
+                                 "beta_schedule='constant'")
+        if not self.transport and not self.weighted:
+            raise ValueError("transport=False needs weighted=True (only masses would be left)")
+        p["tau"] = float(check_nonnegative("tau", self.tau))
+        p["w_min"] = float(check_nonnegative("w_min", self.w_min))
+        if p["w_min"] >= 1:
+            raise ValueError(f"w_min must be in [0, 1) (units of 1/N), got {self.w_min!r}")
         return p
 
     # -- fit ----------------------------------------------------------------
@@ -620,30 +678,46 @@ class ParticleFeatures(_BaseRandomFeatures):
         batches = _minibatches(x_tr, Y_tr, bs, gen)
         probe = tr_idx[: min(tr_idx.shape[0], 4096)]
 
-        def align_on(idx, u) -> float:
+        n_part = u0.shape[0]
+
+        def align_on(idx, u, w=None) -> float:
             with torch.no_grad():
-                return float(alignment(features(x_all[idx], u), Y[idx], center=self.center))
+                phi = features(x_all[idx], u)
+                if w is not None:
+                    phi = phi * (n_part * w).sqrt()
+                return float(alignment(phi, Y[idx], center=self.center))
 
         a0 = align_on(probe, u0)
         every = p["eval_every"]
-        best = {"val": align_on(val_idx, u0) if use_val else -math.inf, "u": None, "step": 0}
+        best = {"val": align_on(val_idx, u0) if use_val else -math.inf, "u": None, "step": 0,
+                "w": None}
 
         def callback(state, info) -> None:
             k = state.step
             if use_val and (k % every == 0 or k == p["n_steps"]):
-                val = align_on(val_idx, state.omega)
+                w = getattr(state, "weights", None)
+                val = align_on(val_idx, state.omega, w)
                 info["val_alignment"] = val
                 if val > best["val"]:
-                    best.update(val=val, u=state.omega.clone(), step=k)
+                    best.update(val=val, u=state.omega.clone(), step=k,
+                                w=None if w is None else w.clone())
 
         best["u"], _ = proj(u0.clone())
+        reaction = (Reaction(tau=p["tau"], w_min=p["w_min"], transport=bool(self.transport))
+                    if self.weighted else None)
+        if reaction is not None:
+            best["w"] = torch.full((n_part,), 1.0 / n_part, dtype=DTYPE)
         result = learn_particles(ham, u0, schedule, batches, projection=proj, generator=gen,
-                                 normalize_drift=self.normalize, callbacks=[callback])
+                                 normalize_drift=self.normalize, callbacks=[callback],
+                                 method=self.optimizer, reaction=reaction)
         state, trace = result.state, result.trace
         u = best["u"] if use_val else state.omega
+        w = best["w"] if use_val else result.weights
         self.best_step_ = best["step"] if use_val else p["n_steps"]
         self.val_alignment_ = best["val"] if use_val else None
-        a1 = align_on(probe, u)
+        a1 = align_on(probe, u, w)
+        self.weights_ = None if w is None else w.numpy().astype(np.float64)
+        self.n_births_ = int(getattr(state, "births", 0))
         full = u * r0
         if learn_bias:
             self._set_particles(full[:, :d], torch.remainder(full[:, d], 2 * math.pi))
@@ -658,11 +732,21 @@ class ParticleFeatures(_BaseRandomFeatures):
             "eta",
             "beta",
             "val_alignment",
+            "tau",
+            "births",
+            "ess",
         )
         self.history_ = [{k: float(t[k]) for k in keys if k in t} for t in trace]
         self.initial_alignment_ = a0
         self.alignment_ = a1
         return self
+
+
+    def _features(self, X: np.ndarray) -> np.ndarray:
+        phi = super()._features(X)
+        if getattr(self, "weights_", None) is not None:  # feature i scaled by sqrt(N w_i)
+            phi = phi * np.sqrt(self.weights_.shape[0] * self.weights_)
+        return phi
 
 
 def _n_classes(Y: torch.Tensor) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["loglog_slope", "mean_interval", "paired_difference", "t_quantile"]
+__all__ = ["loglog_fit", "loglog_slope", "mean_interval", "paired_difference", "t_quantile"]
 
 
 def t_quantile(n: int, level: float = 0.95) -> float:
@@ -60,15 +60,22 @@ def paired_difference(a: Sequence[float], b: Sequence[float],
     return mean, mean - half, mean + half, n
 
 
-def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
-    """Least-squares slope of ``log y`` on ``log x`` over the positive, finite pairs.
+def loglog_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least-squares fit ``log y = slope * log x + intercept`` over the positive, finite pairs;
+    returns ``(slope, intercept)``.
 
-    NaN with fewer than two usable points or fewer than two distinct ``x``.
+    ``(nan, nan)`` with fewer than two usable points or fewer than two distinct ``x``.
     """
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.shape != y.shape or x.ndim != 1:
         raise ValueError(f"x and y must be 1-D of the same length, got {x.shape} and {y.shape}")
     ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
     if ok.sum() < 2 or np.unique(x[ok]).size < 2:
-        return math.nan
-    return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0])
+        return math.nan, math.nan
+    slope, intercept = np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)
+    return float(slope), float(intercept)
+
+
+def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
+    """The slope of :func:`loglog_fit` (NaN where it has none)."""
+    return loglog_fit(x, y)[0]

@@ -1,370 +1,67 @@
 """``coulomb-attention concentration``: spread across seeds of the learned kernel vs N and beta.
 
-The large-deviation claim (DESIGN.md, "Concentration"): the Gibbs measure of the particle
-system concentrates its empirical measure around the minimiser of the free energy, so the
-learned kernel ``k_Omega`` concentrates around ``k_{rho*}`` as ``N`` or ``beta`` grows. We
-measure it on one fixed dataset (the ``spectral`` synthetic task, one data seed) with
-``ParticleFeatures``: for each setting, ``n_seeds`` fits that differ only in their
-``random_state`` (initial particles, rff phases, mini-batch order and Langevin noise), the
-kernel matrices ``K_s = Phi_s Phi_s^T`` on a fixed probe set (``n_probe`` test points), and
-
-    spread = mean_{s < t} ||K_s - K_t||_F / mean_s ||K_s||_F.
-
-Two sweeps: ``N`` over ``budgets`` at ``beta = beta_for_n``, and ``beta`` over ``betas`` at
-``N = n_for_beta``. Log-log slopes are least-squares fits of ``log spread`` on ``log N`` and
-``log beta``. Fixed Gaussian random features (``RandomFeatures``, the same seeds) give the
-Monte-Carlo reference, whose spread decays like ``N^(-1/2)``.
-
-``beta`` is ``ParticleFeatures``' inverse temperature: with its default ``normalize=True`` the
-noise per step is ``sqrt(2 eta / beta)`` in units of the initial particle scale ``r0``.
-
-Outputs under ``--out`` (default ``runs/concentration``): ``concentration.json`` (config,
-rows, slopes), ``concentration.md`` and ``concentration.png``.
+Flags -> :class:`~coulomb_attention.studies.concentration.ConcentrationConfig` ->
+:func:`~coulomb_attention.studies.concentration.run_study` (see that module for the measure
+and the files written under ``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
-import math
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from ..config import load_overrides, override
+from ._args import list_arg
 
-from ..config import load_overrides, override, to_dict
-from ..results import atomic_write_text
-
-__all__ = [
-    "ConcentrationConfig",
-    "QUICK",
-    "kernel_spread",
-    "fit_kernel",
-    "run_concentration",
-    "loglog_slope",
-    "add_arguments",
-    "run",
-]
-
-
-@dataclass(frozen=True)
-class ConcentrationConfig:
-    """Settings of the concentration study (stored in ``concentration.json``)."""
-
-    task: str = "spectral"
-    data_seed: int = 0
-    n_train: int = 500
-    n_probe: int = 200
-    d: int = 10
-    budgets: tuple[int, ...] = (16, 32, 64, 128, 256)
-    beta_for_n: float = 1000.0
-    betas: tuple[float, ...] = (10.0, 100.0, 1000.0, 10000.0, 100000.0)
-    n_for_beta: int = 64
-    n_seeds: int = 5
-    particles: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        from .synthetic_tasks import TASKS  # imports torch: not at module level (fast --help)
-
-        if self.task not in TASKS:
-            raise ValueError(f"unknown task {self.task!r}; valid: {', '.join(sorted(TASKS))}")
-        for name in ("budgets", "betas"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-            if not getattr(self, name):
-                raise ValueError(f"{name} is empty")
-        for n in self.budgets:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"budgets must be positive integers, got {n!r}")
-        for b in (*self.betas, self.beta_for_n):
-            if not isinstance(b, (int, float)) or not (b > 0) or math.isnan(b):
-                raise ValueError(f"betas must be > 0 (inf allowed for beta_for_n), got {b!r}")
-        for b in self.betas:
-            if math.isinf(b):
-                raise ValueError("betas must be finite (a log-log slope is fitted over them)")
-        for name in ("n_train", "n_probe", "d", "n_for_beta"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        if isinstance(self.n_seeds, bool) or not isinstance(self.n_seeds, int) or self.n_seeds < 2:
-            raise ValueError(f"n_seeds must be an integer >= 2 (a spread needs pairs), "
-                             f"got {self.n_seeds!r}")
-        if not isinstance(self.particles, dict):
-            raise TypeError("particles must be a dict of ParticleFeatures arguments")
-        for key in ("n_components", "beta", "random_state"):
-            if key in self.particles:
-                raise ValueError(f"particles must not set {key!r}: the sweep sets it")
-
-
-QUICK: dict = {
-    "n_train": 300,
-    "n_probe": 100,
-    "budgets": [16, 32, 64],
-    "betas": [10.0, 100.0, 1000.0],
-    "n_for_beta": 32,
-    "n_seeds": 3,
-    "particles": {"n_steps": 40},
-}
-
-
-def kernel_spread(kernels: np.ndarray) -> tuple[float, float]:
-    """Spread of kernel matrices across seeds.
-
-    Parameters
-    ----------
-    kernels : ndarray (S, P, P), S >= 2 kernel matrices on the same probe set
-
-    Returns
-    -------
-    spread : float  mean pairwise Frobenius distance / mean Frobenius norm
-    mean_norm : float  mean Frobenius norm
-    """
-    kernels = np.asarray(kernels, dtype=float)
-    if kernels.ndim != 3 or kernels.shape[0] < 2 or kernels.shape[1] != kernels.shape[2]:
-        raise ValueError(f"kernels must have shape (S >= 2, P, P), got {kernels.shape}")
-    norms = np.linalg.norm(kernels, axis=(1, 2))
-    dists = [np.linalg.norm(kernels[a] - kernels[b]) for a, b in
-             itertools.combinations(range(kernels.shape[0]), 2)]
-    mean_norm = float(norms.mean())
-    return float(np.mean(dists) / mean_norm), mean_norm
-
-
-def loglog_slope(x, y) -> float:
-    """Least-squares slope of ``log y`` on ``log x`` (NaN with fewer than 2 points)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
-    if ok.sum() < 2:
-        return float("nan")
-    return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0])
-
-
-def _data(cfg: ConcentrationConfig):
-    from .synthetic_tasks import make_task
-
-    task = make_task(cfg.task, cfg.n_train, cfg.n_probe, cfg.d, 0.0, random_state=cfg.data_seed)
-    return task.X_train, task.y_train, task.X_test  # the probe set: n_probe test points
-
-
-def fit_kernel(cfg: ConcentrationConfig, kind: str, n: int, beta: float, seed: int):
-    """Kernel matrix (n_probe, n_probe) on the probe set of one fit, and its fit time.
-
-    ``kind`` is ``"particles"`` (ParticleFeatures with ``cfg.particles``) or ``"fixed"``
-    (RandomFeatures, the Monte-Carlo reference; ``beta`` is ignored).
-    """
-    from .. import estimators
-
-    X, y, P = _data(cfg)
-    t0 = time.perf_counter()
-    if kind == "particles":
-        est = estimators.ParticleFeatures(
-            n_components=n, beta=beta, random_state=seed, **cfg.particles
-        ).fit(X, y)
-    elif kind == "fixed":
-        est = estimators.RandomFeatures(n_components=n, random_state=seed).fit(X)
-    else:
-        raise ValueError(f"unknown kind {kind!r}; valid: fixed, particles")
-    phi = est.transform(P)  # (P, N)
-    return phi @ phi.T, time.perf_counter() - t0
-
-
-def _init_worker(threads: int) -> None:
-    import torch
-
-    torch.set_num_threads(threads)
-
-
-def _job(args):
-    cfg, kind, n, beta, seed = args
-    return fit_kernel(cfg, kind, n, beta, seed)
-
-
-def run_concentration(cfg: ConcentrationConfig, jobs: int = 1, threads: int = 1) -> dict:
-    """Run both sweeps; returns ``{"config", "rows", "slopes"}`` (JSON-ready).
-
-    Each row: ``sweep`` (``N`` or ``beta``), ``kind`` (``particles``/``fixed``), ``N``,
-    ``beta``, ``spread``, ``mean_norm``, ``n_seeds``, ``fit_s`` (mean per fit).
-    """
-    settings = []
-    for n in cfg.budgets:
-        settings.append(("N", "particles", n, cfg.beta_for_n))
-        settings.append(("N", "fixed", n, None))
-    for b in cfg.betas:
-        settings.append(("beta", "particles", cfg.n_for_beta, b))
-    tasks = [(cfg, kind, n, beta, s) for (_, kind, n, beta) in settings
-             for s in range(cfg.n_seeds)]
-    if jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(threads,)) as pool:
-            results = list(pool.map(_job, tasks))
-    else:
-        results = [_job(t) for t in tasks]
-    rows = []
-    for i, (sweep, kind, n, beta) in enumerate(settings):
-        chunk = results[i * cfg.n_seeds : (i + 1) * cfg.n_seeds]
-        spread, norm = kernel_spread(np.stack([k for k, _ in chunk]))
-        rows.append({
-            "sweep": sweep, "kind": kind, "N": n, "beta": beta, "spread": spread,
-            "mean_norm": norm, "n_seeds": cfg.n_seeds,
-            "fit_s": float(np.mean([t for _, t in chunk])),
-        })
-    slopes = {}
-    for kind in ("particles", "fixed"):
-        rs = [r for r in rows if r["sweep"] == "N" and r["kind"] == kind]
-        slopes[f"{kind}_vs_N"] = loglog_slope([r["N"] for r in rs], [r["spread"] for r in rs])
-    rs = [r for r in rows if r["sweep"] == "beta"]
-    slopes["particles_vs_beta"] = loglog_slope([r["beta"] for r in rs],
-                                               [r["spread"] for r in rs])
-    return {"config": to_dict(cfg), "rows": rows, "slopes": slopes}
-
-
-def to_markdown(res: dict) -> str:
-    cfg = res["config"]
-    s = res["slopes"]
-    lines = [
-        "# Concentration of the learned kernel across seeds",
-        "",
-        f"Task {cfg['task']} (data seed {cfg['data_seed']}, n_train={cfg['n_train']}, "
-        f"d={cfg['d']}), probe set of {cfg['n_probe']} test points, {cfg['n_seeds']} seeds per "
-        f"setting; ParticleFeatures arguments {cfg['particles'] or '(defaults)'}. "
-        "spread = mean pairwise ||K_s - K_t||_F / mean ||K_s||_F.",
-        "",
-        f"## Spread vs N (particles at beta={cfg['beta_for_n']:g}; fixed rff reference)",
-        "",
-        "| N | particles | fixed rff | particle fit (s) |",
-        "|---|---|---|---|",
-    ]
-    by = {(r["sweep"], r["kind"], r["N"]): r for r in res["rows"] if r["sweep"] == "N"}
-    for n in cfg["budgets"]:
-        p, f = by.get(("N", "particles", n)), by.get(("N", "fixed", n))
-        lines.append(f"| {n} | {p['spread']:.4f} | {f['spread']:.4f} | {p['fit_s']:.2f} |")
-    lines += [
-        "",
-        f"log-log slope: particles {s['particles_vs_N']:+.3f}, fixed rff "
-        f"{s['fixed_vs_N']:+.3f} (Monte Carlo: -0.5)",
-        "",
-        f"## Spread vs beta (particles at N={cfg['n_for_beta']})",
-        "",
-        "| beta | particles | particle fit (s) |",
-        "|---|---|---|",
-    ]
-    for r in res["rows"]:
-        if r["sweep"] == "beta":
-            lines.append(f"| {r['beta']:g} | {r['spread']:.4f} | {r['fit_s']:.2f} |")
-    lines += ["", f"log-log slope vs beta: {s['particles_vs_beta']:+.3f}", ""]
-    return "\n".join(lines)
-
-
-def _label_log_axis(axis, lo: float, hi: float) -> None:
-    """At least three labelled ticks, in plain numbers, on a log ``axis`` spanning ``[lo, hi]``.
-
-    matplotlib labels only powers of ten, so a range inside one decade (a spread of 0.4-1)
-    had one label or none. Use the sparsest of 1, 1-2-5, 1-2-3-5-7, 1-9 (times powers of ten)
-    that gives three ticks spread over the range, else five rounded values evenly spaced in
-    log.
-    """
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
-
-    lo, hi = min(lo, hi), max(lo, hi)
-    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
-    for subs in ((1,), (1, 2, 5), (1, 2, 3, 5, 7), range(1, 10)):
-        ticks = [m * 10.0**k for k in decades for m in subs if lo <= m * 10.0**k <= hi]
-        if len(ticks) >= 3 and ticks[-1] / ticks[0] >= (hi / lo) ** 0.4:  # not bunched
-            break
-    else:  # less than a 1-2 step: rounded values, with as many digits as it takes
-        for digits in range(2, 7):
-            ticks = sorted({float(f"{v:.{digits}g}") for v in np.geomspace(lo, hi, 7)[1:-1]})
-            if len(ticks) >= 3:
-                break
-    axis.set_major_locator(FixedLocator(ticks))
-    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
-    axis.set_minor_formatter(NullFormatter())
-
-
-def plot(res: dict, path: Path) -> None:
-    from ..reports import pyplot
-
-    plt = pyplot()
-
-    s = res["slopes"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    ax = axes[0]
-    for kind, color in (("particles", "tab:red"), ("fixed", "tab:blue")):
-        rs = [r for r in res["rows"] if r["sweep"] == "N" and r["kind"] == kind]
-        ax.loglog([r["N"] for r in rs], [r["spread"] for r in rs], "o-", color=color,
-                  label=f"{kind} (slope {s[f'{kind}_vs_N']:+.2f})")
-    ns = np.array(res["config"]["budgets"], float)
-    rs = [r for r in res["rows"] if r["sweep"] == "N" and r["kind"] == "fixed"]
-    ax.loglog(ns, rs[0]["spread"] * (ns / ns[0]) ** -0.5, "k:", label="N^-1/2")
-    ax.set_xticks(ns, [str(int(v)) for v in ns])
-    ax.xaxis.set_minor_locator(plt.NullLocator())
-    _label_log_axis(ax.yaxis, *ax.get_ylim())
-    ax.set_xlabel("N")
-    ax.set_ylabel("kernel spread across seeds")
-    ax.set_title(f"vs N (beta={res['config']['beta_for_n']:g})", fontsize=9)
-    ax.legend(fontsize=8)
-    ax = axes[1]
-    rs = [r for r in res["rows"] if r["sweep"] == "beta"]
-    ax.loglog([r["beta"] for r in rs], [r["spread"] for r in rs], "o-", color="tab:red",
-              label=f"particles (slope {s['particles_vs_beta']:+.2f})")
-    _label_log_axis(ax.yaxis, *ax.get_ylim())
-    ax.set_xlabel("beta")
-    ax.set_ylabel("kernel spread across seeds")
-    ax.set_title(f"vs beta (N={res['config']['n_for_beta']})", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+__all__ = ["add_arguments", "resolve_config", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/concentration", help="output directory")
-    parser.add_argument("--quick", action="store_true", help="reduced sweep (< 1 min)")
+    parser.add_argument("--quick", action="store_true",
+                        help="reduced sweep (< 1 min); explicit flags still win")
     parser.add_argument("--config", help="JSON file of ConcentrationConfig overrides")
-    parser.add_argument("--budgets", nargs="+", type=int, help="values of N")
-    parser.add_argument("--betas", nargs="+", type=float, help="values of beta")
-    parser.add_argument("--seeds", type=int, help="seeds per setting (>= 2)")
+    list_arg(parser, "--budgets", type=int, help="values of N")
+    list_arg(parser, "--betas", type=float, help="values of beta")
+    list_arg(parser, "--seeds", type=int, help="seeds of the fits per setting (>= 2 of them)")
+    parser.add_argument("--n-seeds", type=int, help="seeds per setting, 0..n-1 (>= 2)")
     parser.add_argument("--particle-steps", type=int, help="override ParticleFeatures n_steps")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
 
 
-def resolve_config(args: argparse.Namespace) -> ConcentrationConfig:
+def resolve_config(args: argparse.Namespace):
     """Defaults <- --quick <- --config file <- individual flags."""
+    from ..studies.concentration import QUICK, ConcentrationConfig
+
     cfg = ConcentrationConfig()
     if args.quick:
         cfg = override(cfg, QUICK)
     if args.config:
         cfg = override(cfg, load_overrides(args.config))
+    if args.seeds is not None and args.n_seeds is not None:
+        raise ValueError("give --seeds or --n-seeds, not both")
     changes: dict = {}
-    if args.budgets is not None:
-        changes["budgets"] = args.budgets
-    if args.betas is not None:
-        changes["betas"] = args.betas
-    if args.seeds is not None:
-        changes["n_seeds"] = args.seeds
+    for flag, key in (("budgets", "budgets"), ("betas", "betas"), ("seeds", "seeds"),
+                      ("n_seeds", "n_seeds")):
+        if getattr(args, flag) is not None:
+            changes[key] = getattr(args, flag)
     if args.particle_steps is not None:
         changes["particles"] = {**cfg.particles, "n_steps": args.particle_steps}
     return override(cfg, changes) if changes else cfg
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..studies.concentration import run_study
+
     cfg = resolve_config(args)
-    if args.jobs < 1 or args.threads < 1:
+    if args.threads < 1:
         raise ValueError(f"--jobs and --threads must be >= 1, got {args.jobs}, {args.threads}")
     import torch
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    res = run_concentration(cfg, jobs=args.jobs, threads=args.threads)
-    res["wall_s"] = time.perf_counter() - t0
-    atomic_write_text(out / "concentration.json", json.dumps(res, indent=1))
-    md = to_markdown(res) + f"\nWall time: {res['wall_s']:.1f} s (jobs={args.jobs}).\n"
-    atomic_write_text(out / "concentration.md", md)
-    plot(res, out / "concentration.png")
-    print(md)
+    res = run_study(cfg, out, jobs=args.jobs, threads=args.threads)
+    print(res["markdown"])
     print(f"wrote {out}/concentration.json, concentration.md, concentration.png")
     return 0

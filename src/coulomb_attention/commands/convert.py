@@ -9,7 +9,9 @@ writes ``OUT/checkpoint/`` (``nn.pretrained.load_pretrained_encoder(OUT/checkpoi
 ``OUT/records.jsonl``, ``OUT/result.json``, ``OUT/report.md`` and plots; an interrupted run
 resumes at its last finished layer. ``--grid M [M ...]`` runs the comparison over M, seeds and
 variants into ``OUT/grid/`` (finished runs reused) and writes ``OUT/grid.md``; ``--speed``
-times the converted encoder against the softmax one (``OUT/speed.json``).
+times the converted encoder against the softmax one (``OUT/speed.json``). A single run also
+writes ``OUT/hf/``, a Hugging Face / sentence-transformers directory of the converted encoder
+(``--no-hf``: not; ``coulomb-attention export-hf`` exports a checkpoint later).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from ..convert import VARIANTS, ConvertConfig, _to_json, convert_encoder, speed_table
 from ..results import atomic_write_text, config_diff
 from ..train.distill import DistillConfig
+from ._args import add_progress, progress_mode
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,7 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-lengths", type=int, nargs="+",
                    default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    add_progress(p)
+    p.add_argument("--no-hf", action="store_true",
+                   help="do not write OUT/hf (the Hugging Face / sentence-transformers directory)")
 
 
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:
@@ -151,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
     from ..reports.convert import write_convert_report
 
     torch.set_num_threads(max(1, args.threads))
+    args.progress = progress_mode(args) != "none"  # bars only on a terminal, else lines
     cfg = config_from_args(args)
     out = Path(args.out)
     if args.grid:
@@ -163,6 +169,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"embedding cosine mean {fid['cos_mean']:.4f}, p5 {fid['cos_p5']:.4f}; "
                   f"Spearman {fid['spearman']:.4f}; distillation {res['distill_s']:.0f} s")
         print(f"wrote {write_convert_report(out)}")
+        if not args.no_hf and (out / "checkpoint").is_dir():
+            from ..export import export_hf_directory
+
+            print(f"wrote {export_hf_directory(out / 'checkpoint', out / 'hf')}")
     if args.speed:
         from ..nn.pretrained import load_pretrained_encoder
 

@@ -16,150 +16,52 @@ or ``softmax_align`` (learned, phase A distils the pretrained softmax attention:
 from __future__ import annotations
 
 import argparse
-import json
-import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from .._validation import check_positive
-from ..config import to_dict
-from ..reports import pyplot
-from ..results import append_jsonl, atomic_write_text, is_done
-from ..train.run import RESOLVED_KEYS, checkpoint_config
-from ..train.run import run as run_pipeline
+from ._args import list_arg
 from .train import add_arguments as add_train_arguments
 from .train import add_common_arguments, build_config, setup_runtime
 from .train import run as run_train
 
-__all__ = ["VARIANTS", "add_arguments", "parse_variant", "run", "table", "time_vs_length"]
+__all__ = ["add_arguments", "run"]
 
-#: (attention, kernel) pairs of ``compare``, in table order
-VARIANTS: tuple[tuple[str, str], ...] = (
-    ("softmax", "vanilla"),
-    ("favor", "vanilla"),
-    ("favor", "learned"),
-    ("favor", "softmax_align"),
-    ("porf_softplus", "vanilla"),
-    ("porf_softplus", "learned"),
-)
-_KEYS = ("accuracy", "mcc", "f1", "ece", "log_loss", "brier")
-
-
-def parse_variant(attention: str, kernel: str) -> dict:
-    """Config overrides of one variant (``softmax_align``: learned kernel, teacher objective)."""
-    if kernel == "softmax_align":
-        return {"attention": attention, "kernel": "learned", "objective": "teacher"}
-    return {"attention": attention, "kernel": kernel}
-
-
-def table(rows: list[dict]) -> str:
-    """Markdown table of result rows (accuracy gap to softmax per task)."""
-    soft = {r["task"]: r["accuracy"] for r in rows if r["variant"] == "softmax:vanilla"}
-    lines = ["| task | variant | accuracy | vs softmax (pts) | ECE | log-loss | Brier | "
-             "phase A s | phase B s | eval ms/ex |", "|---|---|---:|---:|---:|---:|---:|---:|"
-             "---:|---:|"]
-    for r in rows:
-        gap = f"{100 * (r['accuracy'] - soft[r['task']]):+.1f}" if r["task"] in soft else ""
-        lines.append(f"| {r['task']} | {r['variant']} | {r['accuracy']:.4f} | {gap} | "
-                     f"{r['ece']:.4f} | {r['log_loss']:.4f} | {r['brier']:.4f} | "
-                     f"{r['phase_a_s']:.0f} | {r['phase_b_s']:.0f} | {r['ms_per_example']:.2f} |")
-    return "\n".join(lines) + "\n"
+# for --help only (the study module imports the pipeline); tests check it against VARIANTS
+VARIANT_NAMES = ("softmax:vanilla", "favor:vanilla", "favor:learned", "favor:softmax_align",
+                 "porf_softplus:vanilla", "porf_softplus:learned")
 
 
 def _compare(args) -> int:
-    runtime = setup_runtime(args)
-    out = Path(args.out)
+    from ..studies.minilm import VARIANTS, compare, table
+
     variants = VARIANTS
     if args.variants:
         variants = [tuple((v.split(":") + ["vanilla"])[:2]) for v in args.variants]
-    rows = []
+    runtime = setup_runtime(args)
     try:
-        for task in args.tasks:
-            for attention, kernel in variants:
-                base = {"task": task, "encoder": args.encoder or "minilm",
-                        "seed": args.seed or 0, **parse_variant(attention, kernel)}
-                cfg = build_config(args, base)
-                run_dir = out / f"{task}-{attention}-{kernel}-s{cfg.seed}"
-                if is_done(run_dir, to_dict(cfg), ignore=RESOLVED_KEYS,
-                           normalize=checkpoint_config):
-                    m = json.loads((run_dir / "metrics.json").read_text())
-                    print(f"[{task}/{attention}/{kernel}] reused {run_dir}")
-                else:
-                    m = run_pipeline(cfg, run_dir, runtime, data_dir=args.data_dir,
-                                     resume="auto")
-                t = m["timings"]
-                rows.append({"task": task, "variant": f"{attention}:{kernel}",
-                             **{k: m[k] for k in _KEYS}, "phase_a_s": t.get("phase_a_s", 0.0),
-                             "phase_b_s": t["phase_b_s"],
-                             "ms_per_example": 1e3 * t["inference_s_per_example"],
-                             "config": m["config"]})
-                if runtime.is_main:
-                    append_jsonl(out / "results.jsonl", rows[-1])
+        rows = compare(args.tasks, variants,
+                       lambda base: build_config(args, {"encoder": args.encoder or "minilm",
+                                                        "seed": args.seed or 0, **base}),
+                       args.out, runtime, data_dir=args.data_dir)
     finally:
         runtime.close()
     if runtime.is_main:
-        text = table(rows)
-        atomic_write_text(out / "table.md", text)
-        print(text)
+        print(table(rows))
     return 0
 
 
-@torch.no_grad()
-def time_vs_length(encoder: str, attentions, lengths, *, batch_size: int = 8,
-                   n_features: int = 64, repeats: int = 3, seed: int = 0) -> list[dict]:
-    """Median wall time of one eval forward pass of the encoder per (attention, length), on
-    random token ids without padding (lengths capped by the checkpoint's positions)."""
-    from ..nn.pretrained import load_pretrained_encoder
-
-    repeats = check_positive("repeats", repeats, integer=True)
-    gen = torch.Generator().manual_seed(seed)
-    rows = []
-    for attention in attentions:
-        model = load_pretrained_encoder(encoder, attention, n_features, generator=seed)
-        for length in lengths:
-            if length > model.config.max_len:
-                raise ValueError(f"length {length} exceeds the encoder's max_len "
-                                 f"{model.config.max_len}")
-            ids = torch.randint(1000, model.config.vocab_size, (batch_size, length),
-                                generator=gen)
-            mask = torch.ones_like(ids, dtype=torch.bool)
-            model(ids, mask)  # warm-up
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                model(ids, mask)
-                times.append(time.perf_counter() - t0)
-            s = float(np.median(times))
-            rows.append({"attention": attention, "length": length, "batch_size": batch_size,
-                         "seconds": s, "ms_per_sequence": 1e3 * s / batch_size,
-                         "threads": torch.get_num_threads()})
-    return rows
-
-
 def _timing(args) -> int:
+    import torch
+
+    from ..bench.minilm_timing import time_vs_length, write_timing
+
     if args.threads is not None:
         torch.set_num_threads(check_positive("--threads", args.threads, integer=True))
     rows = time_vs_length(args.encoder, args.attentions, args.lengths,
                           batch_size=args.batch_size, n_features=args.n_features,
                           repeats=args.repeats)
     out = Path(args.out)
-    header = list(rows[0])
-    atomic_write_text(out / "timing.csv", "\n".join(
-        [",".join(header)] + [",".join(str(r[k]) for k in header) for r in rows]) + "\n")
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for att in dict.fromkeys(r["attention"] for r in rows):
-        rs = [r for r in rows if r["attention"] == att]
-        ax.plot([r["length"] for r in rs], [r["ms_per_sequence"] for r in rs], "o-", label=att)
-    ax.set(xscale="log", yscale="log", xlabel="sequence length (tokens)",
-           ylabel="forward ms / sequence", title=f"{args.encoder} encoder, CPU, eval forward")
-    ax.set_xscale("log", base=2)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "timing.png", dpi=120)
-    plt.close(fig)
+    write_timing(rows, out, args.encoder)
     for r in rows:
         print(f"{r['attention']:>14} L={r['length']:4d}  {r['ms_per_sequence']:8.2f} ms/seq")
     print(f"-> {out / 'timing.csv'}, {out / 'timing.png'}")
@@ -171,16 +73,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     one = sub.add_parser("run", help="one run: the train command with --encoder minilm")
     add_train_arguments(one)
     cmp_ = sub.add_parser("compare", help="every variant on every task + table.md")
-    cmp_.add_argument("--tasks", nargs="+", default=["sst2", "rotten_tomatoes"])
-    cmp_.add_argument("--variants", nargs="+", default=None, metavar="ATTENTION:KERNEL",
-                      help="default: " + " ".join(f"{a}:{k}" for a, k in VARIANTS))
+    list_arg(cmp_, "--tasks", default=["sst2", "rotten_tomatoes"])
+    list_arg(cmp_, "--variants", default=None, metavar="ATTENTION:KERNEL",
+             help="default: " + " ".join(VARIANT_NAMES))
     cmp_.add_argument("--seed", type=int, default=0)
     cmp_.add_argument("--out", default="runs/minilm")
     add_common_arguments(cmp_)
     tim = sub.add_parser("timing", help="encoder forward time versus sequence length")
     tim.add_argument("--encoder", default="minilm")
-    tim.add_argument("--attentions", nargs="+", default=["softmax", "favor", "porf_softplus"])
-    tim.add_argument("--lengths", nargs="+", type=int, default=[64, 128, 256, 512])
+    list_arg(tim, "--attentions", default=["softmax", "favor", "porf_softplus"])
+    list_arg(tim, "--lengths", type=int, default=[64, 128, 256, 512])
     tim.add_argument("--batch-size", type=int, default=8)
     tim.add_argument("--n-features", type=int, default=64)
     tim.add_argument("--repeats", type=int, default=3)

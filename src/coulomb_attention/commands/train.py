@@ -12,20 +12,23 @@ import argparse
 import json
 import math
 import sys
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .._validation import check_positive
 from ..config import load_overrides
-from ..data import DATASETS
-from ..nn.attention import ATTENTION_FEATURES
-from ..train.loop import Runtime
-from ..train.run import OBJECTIVES, SAMPLE_WARNING, RunConfig, make_run_config
-from ..train.run import run as run_pipeline
+from ..data.registry import DATASETS
+from ._args import add_progress, progress_mode
 
-__all__ = ["COMMON_FLAGS", "add_arguments", "add_common_arguments", "build_config", "run",
-           "setup_runtime"]
+if TYPE_CHECKING:  # torch and the pipeline are imported in run(): --help prints without them
+    from ..train.loop import Runtime
+    from ..train.run import RunConfig
+
+__all__ = ["COMMON_FLAGS", "DEFAULTS", "add_arguments", "add_common_arguments", "build_config",
+           "run", "setup_runtime"]
+
+# for --help without importing the pipeline (tests/test_cli_help.py checks them against it)
+ATTENTIONS = ("elu", "favor", "none", "porf_softplus", "softmax", "softmax_feat")
+OBJECTIVES = ("labels", "teacher")
 
 # flag -> (config path, type, help)
 COMMON_FLAGS: dict[str, tuple[tuple[str, ...], type, str]] = {
@@ -62,30 +65,36 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "samples); the real data: ../shared/data")
     parser.add_argument("--config", default=None, metavar="FILE.json",
                         help="JSON overrides of the run config (unknown keys raise)")
-    scratch, pretrained = make_run_config({}), make_run_config({"encoder": "minilm"})
-    for name, (path, typ, help_) in COMMON_FLAGS.items():
+    for name, (_, typ, help_) in COMMON_FLAGS.items():
         parser.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
-                            help=help_ if "default" in help_ else
-                            help_ + _default_text(path, scratch, pretrained))
+                            help=help_ if "default" in help_ else help_ + _default_text(name))
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress(parser)
 
 
-def _default_text(path: tuple[str, ...], scratch: RunConfig, pretrained: RunConfig) -> str:
-    """`` (default: X)`` from the run config, with the pretrained preset where it differs."""
-    def get(cfg):
-        for part in path:
-            cfg = getattr(cfg, part)
-        return cfg
-    a, b = (("all" if v is None else v) for v in (get(scratch), get(pretrained)))
+# flag -> (scratch default, pretrained-encoder default) of the run config, for --help only;
+# tests/test_cli_help.py checks them against make_run_config
+DEFAULTS: dict[str, tuple[Any, Any]] = {
+    "encoder": ("scratch", "minilm"), "objective": ("labels", "labels"), "epochs": (2, 1),
+    "warmup_epochs": (1, 0), "batch_size": (64, 32), "lr": (0.001, 0.0001), "dim": (128, 128),
+    "layers": (2, 2), "heads": (4, 4), "n_features": (64, 64), "dropout": (0.1, 0.1),
+    "max_length": (64, 64), "vocab_size": (8000, 8000), "train_limit": (None, 2000),
+    "eval_limit": (None, None), "embeddings": ("scratch", "scratch"),
+    "align_steps": (100, 60), "align_examples": (4096, 512), "lam": (0.5, 0.5),
+}
+
+
+def _default_text(name: str) -> str:
+    """`` (default: X)`` of the run config, with the pretrained preset where it differs."""
+    a, b = (("all" if v is None else v) for v in DEFAULTS[name])
     return f" (default: {a})" if a == b else f" (default: {a}; pretrained encoder: {b})"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="sst2", help=f"one of {', '.join(sorted(DATASETS))}")
     parser.add_argument("--attention", default="favor",
-                        help=f"one of {', '.join(sorted(ATTENTION_FEATURES))}")
+                        help=f"one of {', '.join(ATTENTIONS)}")
     parser.add_argument("--kernel", default="learned", help="vanilla or learned")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the data order, init and features")
@@ -107,6 +116,8 @@ def _resume_mode(text: str):
 
 def build_config(args: argparse.Namespace, base: dict | None = None) -> RunConfig:
     """RunConfig from ``--config``, then ``base`` (task/attention/kernel/seed), then flags."""
+    from ..train.run import make_run_config
+
     merged: dict[str, Any] = load_overrides(args.config) if args.config else {}
     merged.update(base or {})
     for name, (path, _, _) in COMMON_FLAGS.items():
@@ -122,14 +133,19 @@ def build_config(args: argparse.Namespace, base: dict | None = None) -> RunConfi
 
 def setup_runtime(args) -> Runtime:
     """Single-process runtime, or the torch.distributed one under torchrun."""
+    import torch
+
     from ..train.distributed import init_distributed
 
     if args.threads is not None:
         torch.set_num_threads(check_positive("--threads", args.threads, integer=True))
-    return init_distributed(progress=not args.no_progress)
+    return init_distributed(progress=progress_mode(args) != "none")
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..train.run import SAMPLE_WARNING
+    from ..train.run import run as run_pipeline
+
     config = build_config(args, {"task": args.task, "attention": args.attention,
                                  "kernel": args.kernel, "seed": args.seed})
     runtime = setup_runtime(args)

@@ -7,42 +7,38 @@
   (argument, ``$COULOMB_DATA_DIR``, else the shipped samples; ``"hf"`` = the hub).
 - :func:`build_tokenizer` / :class:`Tokenizer`: WordPiece (HF ``tokenizers``), cached as JSON.
 - :func:`corrupt_tokens`: deletion / ``[UNK]`` substitution / adjacent swaps.
+- :mod:`.synthetic`: synthetic classification tasks (numpy only); :mod:`.mqar`: associative
+  recall sequences.
+
+The names below are loaded on first use (PEP 562), so that importing a light submodule such as
+:mod:`coulomb_attention.data.synthetic` does not import torch or tokenizers.
 """
 
-from .corruption import CORRUPTIONS, corrupt_tokens
-from .loaders import EXTENSIONS, TextExamples, find_split_file, load_task, read_rows
-from .registry import (
-    ADVERSARIAL_SPLIT,
-    DATA_DIR_ENV,
-    DATASETS,
-    HF,
-    SAMPLE_ORIGINS,
-    SAMPLES_DIR,
-    TaskSpec,
-    get_task,
-    resolve_data_dir,
-)
-from .tokenizer import SPECIAL_TOKENS, Tokenizer, build_tokenizer, texts_fingerprint
+from __future__ import annotations
 
-__all__ = [
-    "ADVERSARIAL_SPLIT",
-    "CORRUPTIONS",
-    "DATASETS",
-    "DATA_DIR_ENV",
-    "EXTENSIONS",
-    "HF",
-    "SAMPLES_DIR",
-    "SAMPLE_ORIGINS",
-    "SPECIAL_TOKENS",
-    "TaskSpec",
-    "TextExamples",
-    "Tokenizer",
-    "build_tokenizer",
-    "corrupt_tokens",
-    "find_split_file",
-    "get_task",
-    "load_task",
-    "read_rows",
-    "resolve_data_dir",
-    "texts_fingerprint",
-]
+import importlib
+
+_HOME = {
+    "CORRUPTIONS": "corruption", "corrupt_tokens": "corruption",
+    "EXTENSIONS": "loaders", "TextExamples": "loaders", "find_split_file": "loaders",
+    "load_task": "loaders", "read_rows": "loaders",
+    "ADVERSARIAL_SPLIT": "registry", "DATA_DIR_ENV": "registry", "DATASETS": "registry",
+    "HF": "registry", "SAMPLE_ORIGINS": "registry", "SAMPLES_DIR": "registry",
+    "TaskSpec": "registry", "get_task": "registry", "resolve_data_dir": "registry",
+    "SPECIAL_TOKENS": "tokenizer", "Tokenizer": "tokenizer", "build_tokenizer": "tokenizer",
+    "texts_fingerprint": "tokenizer",
+}
+
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

@@ -1,6 +1,9 @@
-"""Projected Langevin dynamics as ``(init_fn, step_fn)`` and the projections (ball, box)."""
+"""Projected Langevin dynamics as ``(init_fn, step_fn)`` and the projections (ball, box);
+weighted (Wasserstein-Fisher-Rao) particles and the projected-Adam ablation."""
 
+from .adam import AdamState, projected_adam
 from .driver import (
+    METHODS,
     DriftNormalizer,
     LangevinSchedule,
     ParticleRun,
@@ -16,8 +19,25 @@ from .langevin import (
     run,
 )
 from .projections import PROJECTIONS, Ball, Box, make_projection
+from .weighted import (
+    Reaction,
+    ReactionNormalizer,
+    WeightedState,
+    birth_death,
+    uniform_weights,
+    weighted_langevin,
+)
 
 __all__ = [
+    "AdamState",
+    "METHODS",
+    "Reaction",
+    "ReactionNormalizer",
+    "WeightedState",
+    "birth_death",
+    "projected_adam",
+    "uniform_weights",
+    "weighted_langevin",
     "DriftNormalizer",
     "LangevinSchedule",
     "ParticleRun",

@@ -10,6 +10,11 @@ with ``eta_k`` and ``beta_k`` from a :class:`LangevinSchedule`, one batch per st
 ``batches`` (cycled), the cross-process hook ``comm`` handed to the Hamiltonian (exact data
 parallelism: every rank holds the same particles, the noise comes from a same-seeded
 generator), and per-step callbacks (history, progress, checkpoint).
+
+Two options change what moves, not the loop: ``reaction=`` (a :class:`~.weighted.Reaction`)
+gives the particles masses (Wasserstein-Fisher-Rao transport + reaction + birth-death,
+:mod:`coulomb_attention.dynamics.weighted`), and ``method="adam"`` replaces the Langevin step
+by projected Adam (:mod:`coulomb_attention.dynamics.adam`, the plain-optimiser ablation).
 """
 
 from __future__ import annotations
@@ -21,9 +26,14 @@ from dataclasses import dataclass, field
 import torch
 
 from .._validation import check_choice, check_positive
+from .adam import projected_adam
 from .langevin import SCHEDULES, LangevinState, make_schedule, projected_langevin
+from .weighted import Reaction, ReactionNormalizer, weighted_langevin
 
-__all__ = ["DriftNormalizer", "LangevinSchedule", "ParticleRun", "cycle", "learn_particles"]
+__all__ = ["DriftNormalizer", "LangevinSchedule", "METHODS", "ParticleRun", "cycle",
+           "learn_particles"]
+
+METHODS = ("langevin", "adam")
 
 
 @dataclass(frozen=True)
@@ -103,11 +113,13 @@ class ParticleRun:
     trace : list of dict    one per step (energy, data-term parts, repulsion, boundary
                             fraction, gradient norm, eta, beta, what callbacks added)
     state : LangevinState   final state (its generator continues the noise stream)
+    weights : Tensor (N,) or None   final masses of a weighted run (``reaction=``)
     """
 
     omega: torch.Tensor
     trace: list[dict] = field(default_factory=list)
     state: LangevinState | None = None
+    weights: torch.Tensor | None = None
 
 
 def cycle(batches: Sequence, order: Sequence[int] | None = None) -> Iterator:
@@ -133,6 +145,9 @@ def learn_particles(
     callbacks: Sequence[Callable[[LangevinState, dict], None]] = (),
     progress: bool | str = False,
     start_step: int = 0,
+    method: str = "langevin",
+    reaction: Reaction | None = None,
+    weights0: torch.Tensor | None = None,
 ) -> ParticleRun:
     """Run the projected Langevin dynamics of ``hamiltonian`` from ``omega0``.
 
@@ -153,6 +168,13 @@ def learn_particles(
     callbacks : ``callback(state, info)`` after every step (may add keys to ``info``)
     progress : show a progress bar (a string: its description)
     start_step : the schedule's step to start at (a resumed run)
+    method : ``"langevin"`` (default) or ``"adam"`` (projected Adam, no noise: needs
+        ``schedule.beta = inf``; ``normalize_drift`` and ``max_drift`` do not apply, Adam is
+        scale free)
+    reaction : a :class:`~coulomb_attention.dynamics.weighted.Reaction`: weighted particles
+        (masses, Fisher-Rao reaction, birth-death); the Hamiltonian then gets ``weights=``.
+        ``normalize_drift`` then acts on the drift ``grad_i H / w_i``.
+    weights0 : initial masses (N,) of a weighted run (default uniform)
 
     Returns
     -------
@@ -162,21 +184,62 @@ def learn_particles(
         raise ValueError(f"omega0 must have shape (N, d), got {tuple(omega0.shape)}")
     if not isinstance(schedule, LangevinSchedule):
         raise TypeError(f"schedule must be a LangevinSchedule, got {type(schedule).__name__}")
+    check_choice("method", method, METHODS)
+    if reaction is not None and not isinstance(reaction, Reaction):
+        raise TypeError(f"reaction must be a Reaction, got {type(reaction).__name__}")
+    if method == "adam" and reaction is not None:
+        raise ValueError("method='adam' moves unweighted particles; drop reaction=")
+    if weights0 is not None and reaction is None:
+        raise ValueError("weights0 needs reaction= (a weighted run)")
     if batches is not None and isinstance(batches, Sequence):
         batches = cycle(batches)
     normalizer = DriftNormalizer() if normalize_drift else None
 
+    def seen_of(batch):
+        return [] if batch is None else batch if isinstance(batch, list) else [batch]
+
     def energy_grad(omega, batch):
-        seen = [] if batch is None else batch if isinstance(batch, list) else [batch]
-        energy, grad, info = hamiltonian.value_and_grad(omega, seen, comm)
+        energy, grad, info = hamiltonian.value_and_grad(omega, seen_of(batch), comm)
         if normalizer is not None:
             grad = normalizer(grad)
         return energy, grad, info
 
-    init_fn, step_fn = projected_langevin(energy_grad, projection, eta=schedule.eta,
-                                          beta=schedule.beta, max_drift=schedule.max_drift)
     eta_fn, beta_fn = schedule.eta_fn(), schedule.beta_fn()
-    state = init_fn(omega0, generator)
+    extra = {}
+    if reaction is not None:
+        v_normalizer = ReactionNormalizer() if reaction.normalize else None
+        n = omega0.shape[0]
+
+        def weighted_energy_grad(omega, weights, batch):
+            energy, (grad, v), info = hamiltonian.value_and_grad(
+                omega, seen_of(batch), comm, weights=weights)
+            if normalizer is not None:  # normalise the drift grad_i / w_i, i.e. N grad_i at 1/N
+                scale = n * weights.unsqueeze(1)
+                grad = normalizer(grad / scale) * scale
+            if v_normalizer is not None:
+                v = v_normalizer(v, weights)
+            return energy, (grad, v), info
+
+        init_fn, step_fn = weighted_langevin(
+            weighted_energy_grad, projection, eta=schedule.eta, beta=schedule.beta,
+            tau=reaction.tau, w_min=reaction.w_min, jitter=reaction.jitter,
+            max_drift=schedule.max_drift, transport=reaction.transport)
+        state = init_fn(omega0, generator, weights0)
+        eta0 = schedule.eta
+        tau_fn = (lambda k: reaction.tau * eta_fn(k) / eta0)  # noqa: E731
+    elif method == "adam":
+        if math.isfinite(schedule.beta) or beta_fn is not None:
+            raise ValueError("method='adam' has no noise: the schedule needs beta=inf")
+        init_fn, step_fn = projected_adam(
+            lambda omega, batch: hamiltonian.value_and_grad(omega, seen_of(batch), comm),
+            projection, eta=schedule.eta)
+        state = init_fn(omega0, generator)
+        tau_fn = None
+    else:
+        init_fn, step_fn = projected_langevin(energy_grad, projection, eta=schedule.eta,
+                                              beta=schedule.beta, max_drift=schedule.max_drift)
+        state = init_fn(omega0, generator)
+        tau_fn = None
     state.step = int(start_step)
     bar = None
     if progress:
@@ -191,6 +254,8 @@ def learn_particles(
             kwargs = {"eta": eta_fn(state.step)}
             if beta_fn is not None:
                 kwargs["beta"] = beta_fn(state.step)
+            if tau_fn is not None:
+                kwargs["tau"] = tau_fn(state.step)
             state, info = step_fn(state, batch, **kwargs)
             for cb in callbacks:
                 cb(state, info)
@@ -201,4 +266,6 @@ def learn_particles(
     finally:
         if bar is not None:
             bar.close()
-    return ParticleRun(omega=state.omega, trace=trace, state=state)
+    if reaction is not None:
+        extra["weights"] = state.weights
+    return ParticleRun(omega=state.omega, trace=trace, state=state, **extra)

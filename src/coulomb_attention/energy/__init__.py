@@ -17,6 +17,7 @@ from .riesz import (
     riesz_energy,
     riesz_energy_naive,
     riesz_grad,
+    riesz_weight_grad,
     row_block,
     sharded_riesz_energy_and_grad,
 )
@@ -58,4 +59,5 @@ __all__ = [
     "riesz_energy",
     "riesz_energy_naive",
     "riesz_grad",
+    "riesz_weight_grad",
 ]

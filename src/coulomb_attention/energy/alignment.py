@@ -151,8 +151,9 @@ def alignment_value_and_grad(
     *,
     center: bool = True,
     reduce: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact alignment of all ``batches`` and its gradient in ``omega``.
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact alignment of all ``batches`` and its gradient in ``omega`` (and ``weights``).
 
     Parameters
     ----------
@@ -163,12 +164,30 @@ def alignment_value_and_grad(
     reduce : sums a list of tensors across processes (identity by default); applied to the
         statistics and to the gradient, which makes the result identical to one process
         seeing every batch.
+    weights : optional Tensor, shape (N,), particle masses ``w_i > 0`` summing to 1
+        (Wasserstein-Fisher-Rao particles). Column ``i`` of ``Phi`` is scaled by
+        ``sqrt(N w_i)``, so the kernel is ``sum_i w_i phi_i phi_i^T`` (``Phi`` already holds
+        the ``1 / sqrt(N)``) and uniform masses give the unweighted kernel. ``None`` (default):
+        the unweighted path, unchanged.
 
     Returns
     -------
     value : Tensor, shape ()  (float64)
     grad : Tensor, shape (N, d)  (dtype of omega)
+    grad_weights : Tensor, shape (N,)  (only when ``weights`` is given) ``dA / dw_i``, the
+        first variation of the alignment in the masses
     """
+    if weights is not None:
+        if weights.shape != (omega.shape[0],):
+            raise ValueError(f"weights must have shape ({omega.shape[0]},), got "
+                             f"{tuple(weights.shape)}")
+        n_particles = omega.shape[0]
+        plain = features
+
+        def features(inputs, om, _w=weights):  # (B, N) columns scaled by sqrt(N w_i)
+            return plain(inputs, om) * (n_particles * _w).sqrt().to(om.dtype)
+
+        w_leaf = weights.detach().requires_grad_(True)
     reduce = reduce or _identity
     batches = list(batches)
     if not batches:
@@ -189,12 +208,25 @@ def alignment_value_and_grad(
     # Pass 2: pull the cotangents of the statistics back to omega, batch by batch.
     w = omega.detach().requires_grad_(True)
     grad = torch.zeros_like(w)
+    if weights is None:
+        with torch.enable_grad():
+            for inputs, y in batches:
+                local = alignment_stats(features(inputs, w), y).tensors()
+                surrogate = sum((c * t).sum() for c, t in zip(cotangents, local, strict=True))
+                (g,) = torch.autograd.grad(surrogate, w, allow_unused=True)
+                if g is not None:
+                    grad += g
+        (grad,) = reduce([grad])
+        return value.detach(), grad
+    grad_w = torch.zeros_like(w_leaf)
     with torch.enable_grad():
         for inputs, y in batches:
-            local = alignment_stats(features(inputs, w), y).tensors()
+            local = alignment_stats(features(inputs, w, w_leaf), y).tensors()
             surrogate = sum((c * t).sum() for c, t in zip(cotangents, local, strict=True))
-            (g,) = torch.autograd.grad(surrogate, w, allow_unused=True)
+            g, gw = torch.autograd.grad(surrogate, (w, w_leaf), allow_unused=True)
             if g is not None:
                 grad += g
-    (grad,) = reduce([grad])
-    return value.detach(), grad
+            if gw is not None:
+                grad_w += gw
+    grad, grad_w = reduce([grad, grad_w])
+    return value.detach(), grad, grad_w.detach()

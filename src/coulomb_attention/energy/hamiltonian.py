@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import torch
 
 from .._validation import check_nonnegative, check_positive
-from .riesz import PairPotential, riesz_energy, riesz_grad, sharded_riesz_energy_and_grad
+from .riesz import (
+    PairPotential,
+    riesz_energy,
+    riesz_grad,
+    riesz_weight_grad,
+    sharded_riesz_energy_and_grad,
+)
 from .terms import Comm, DataTerm
 
 __all__ = ["Hamiltonian"]
@@ -61,13 +67,22 @@ class Hamiltonian:
         return self.potential is not None and self.lam > 0
 
     def value_and_grad(
-        self, omega: torch.Tensor, batches: Sequence = (), comm: Comm | None = None
+        self, omega: torch.Tensor, batches: Sequence = (), comm: Comm | None = None, *,
+        weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """Energy (scalar), gradient (N, d) and the named parts (data-term info, ``repulsion``).
 
         ``batches`` is what the data term reads (a list of batches); ``comm`` makes the data
         statistics (and, with ``shard_pairs``, the pair sum) exact across processes.
+
+        ``weights`` (N,), masses summing to 1 (Wasserstein-Fisher-Rao particles): the energy of
+        the weighted measure, ``D_w + lam sum_{i != j} w_i w_j g(omega_i - omega_j)``; the
+        gradient slot is then ``(grad_omega (N, d), grad_weights (N,))`` with
+        ``grad_weights[i] = dH / dw_i`` (the first variation). One group only; the pair sum is
+        not sharded.
         """
+        if weights is not None:
+            return self._weighted_value_and_grad(omega, weights, batches, comm)
         G = self.groups
         if G > 1:
             if omega.ndim != 2 or omega.shape[0] % G:
@@ -99,5 +114,24 @@ class Hamiltonian:
             if self.pair_energy or (comm is not None and comm.world_size > 1):
                 energy = energy + self.lam * w.to(omega.dtype)
         return energy, grad, {**info, "repulsion": float(w)}
+
+    def _weighted_value_and_grad(self, omega, weights, batches, comm):
+        if self.groups != 1:
+            raise ValueError(f"weighted particles need groups=1, got groups={self.groups}")
+        if weights.shape != (omega.shape[0],):
+            raise ValueError(f"weights must have shape ({omega.shape[0]},), got "
+                             f"{tuple(weights.shape)}")
+        value, (grad, grad_w), info = self.data_term.value_and_grad(
+            omega, batches, comm, weights=weights)
+        energy = value.to(omega.dtype)
+        grad_w = grad_w.to(omega.dtype)
+        w = omega.new_zeros(())
+        if self.has_repulsion:
+            om, mass = omega.detach(), weights.detach()
+            w = riesz_energy(om, self.potential, mass)
+            grad = grad + self.lam * riesz_grad(om, self.potential, mass).to(grad.dtype)
+            grad_w = grad_w + self.lam * riesz_weight_grad(om, self.potential, mass)
+            energy = energy + self.lam * w.to(omega.dtype)
+        return energy, (grad, grad_w), {**info, "repulsion": float(w)}
 
     __call__ = value_and_grad

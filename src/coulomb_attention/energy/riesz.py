@@ -8,6 +8,11 @@
 with closed-form gradient ``grad_i W = (4/N^2) sum_j g'(r2_ij) (omega_i - omega_j)`` where
 ``g'`` is the derivative in the squared distance ``r2``. :func:`riesz_energy_naive` is the
 O(N^2) loop twin used by the tests.
+
+Weighted particles (masses ``w`` (N,), sum 1): ``W_w = sum_{i != j} w_i w_j g(omega_i - omega_j)``
+(uniform ``w = 1/N`` gives ``W_{N,s}``), ``grad_i W_w = 4 w_i sum_j w_j g'(r2_ij) (omega_i -
+omega_j)`` and the first variation ``dW_w / dw_i = 2 sum_{j != i} w_j g(r2_ij)``
+(:func:`riesz_weight_grad`). ``weights=None`` is the unweighted path, unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ __all__ = [
     "riesz_energy",
     "riesz_energy_naive",
     "riesz_grad",
+    "riesz_weight_grad",
     "row_block",
     "sharded_riesz_energy_and_grad",
 ]
@@ -116,23 +122,55 @@ def pairwise_sq_dists(omega: torch.Tensor) -> torch.Tensor:
     return r2.fill_diagonal_(0.0)
 
 
-def riesz_energy(omega: torch.Tensor, potential: PairPotential) -> torch.Tensor:
-    """``W_{N,s}`` of particles ``omega`` (N, d): a scalar tensor."""
+def _check_weights(omega: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    if weights.shape != (omega.shape[0],):
+        raise ValueError(f"weights must have shape ({omega.shape[0]},), got {tuple(weights.shape)}")
+    return weights.to(omega.dtype)
+
+
+def riesz_energy(omega: torch.Tensor, potential: PairPotential,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``W_{N,s}`` of particles ``omega`` (N, d): a scalar tensor.
+
+    With masses ``weights`` (N,): ``sum_{i != j} w_i w_j g(omega_i - omega_j)``.
+    """
     n = omega.shape[0]
     if n < 2:
         return omega.new_zeros(())
     off_diag = ~torch.eye(n, dtype=torch.bool, device=omega.device)
     g = potential.value(pairwise_sq_dists(omega))
-    return torch.where(off_diag, g, torch.zeros_like(g)).sum() / n**2
+    g = torch.where(off_diag, g, torch.zeros_like(g))
+    if weights is not None:
+        w = _check_weights(omega, weights)
+        return w @ g @ w
+    return g.sum() / n**2
 
 
-def riesz_grad(omega: torch.Tensor, potential: PairPotential) -> torch.Tensor:
-    """Closed-form ``grad W_{N,s}``, shape ``(N, d)``."""
+def riesz_grad(omega: torch.Tensor, potential: PairPotential,
+               weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Closed-form ``grad W_{N,s}``, shape ``(N, d)`` (with ``weights`` (N,): of ``W_w``)."""
     n = omega.shape[0]
     if n < 2:
         return torch.zeros_like(omega)
     dg = potential.dvalue(pairwise_sq_dists(omega)).fill_diagonal_(0.0)  # (N, N)
+    if weights is not None:
+        w = _check_weights(omega, weights)
+        dgw = dg * w.unsqueeze(0)  # (N, N): g'(r2_ij) w_j
+        return 4.0 * w.unsqueeze(1) * (omega * dgw.sum(1, keepdim=True) - dgw @ omega)
     return (4.0 / n**2) * (omega * dg.sum(1, keepdim=True) - dg @ omega)
+
+
+def riesz_weight_grad(omega: torch.Tensor, potential: PairPotential,
+                      weights: torch.Tensor) -> torch.Tensor:
+    """First variation of ``W_w`` in the masses: ``2 sum_{j != i} w_j g(r2_ij)``, shape (N,)."""
+    n = omega.shape[0]
+    w = _check_weights(omega, weights)
+    if n < 2:
+        return torch.zeros_like(w)
+    off_diag = ~torch.eye(n, dtype=torch.bool, device=omega.device)
+    g = potential.value(pairwise_sq_dists(omega))
+    g = torch.where(off_diag, g, torch.zeros_like(g))
+    return 2.0 * g @ w
 
 
 def row_block(n: int, rank: int, world_size: int) -> range:
@@ -191,7 +229,8 @@ def sharded_riesz_energy_and_grad(
     return energy, grad
 
 
-def riesz_energy_naive(omega: torch.Tensor, potential: PairPotential) -> torch.Tensor:
+def riesz_energy_naive(omega: torch.Tensor, potential: PairPotential,
+                       weights: torch.Tensor | None = None) -> torch.Tensor:
     """The O(N^2) double-loop twin of :func:`riesz_energy` (tests only)."""
     n = omega.shape[0]
     total = omega.new_zeros(())
@@ -201,9 +240,10 @@ def riesz_energy_naive(omega: torch.Tensor, potential: PairPotential) -> torch.T
                 d = omega[i] - omega[j]
                 r2 = (d * d).sum()
                 if potential.s == 0:
-                    total = total - 0.5 * torch.log(r2 + potential.eps**2)
+                    g = -0.5 * torch.log(r2 + potential.eps**2)
                 else:
-                    total = total + (r2 + potential.eps**2) ** (-potential.s / 2)
-    return total / n**2
+                    g = (r2 + potential.eps**2) ** (-potential.s / 2)
+                total = total + (g if weights is None else weights[i] * weights[j] * g)
+    return total / n**2 if weights is None else total
 
 

@@ -14,6 +14,11 @@ does not depend on ``Omega``: same gradient, zero at a perfect match):
     D(Omega) = (1 / #rows) sum_rows sum_s p_ts (log p_ts - log a_ts)
              + output_weight * (1 / (#rows d_head)) sum_rows | sum_s (a_ts - p_ts) v_s |^2
 
+Causal layers (:class:`TeacherBatch` ``row_pos``): row ``t`` at sequence position ``pos_t``
+sees the keys ``s <= pos_t`` only, in both rows. An explicit target (``target``, e.g. the
+one-hot row of the key a query must retrieve) replaces the softmax row ``p``; with a one-hot
+target the row KL is the cross-entropy ``-log a_{t s*}``.
+
 The second (optional) part is the output MSE of LoLCATs-style attention transfer. Both parts
 are sums over rows divided by a count, so they stream over chunks of sequences and all-reduce
 across processes exactly (``comm.reduce`` of (sum KL, sum squared error, rows, gradient)).
@@ -49,6 +54,10 @@ class TeacherBatch:
     key_mask : Tensor (B, S) bool   real keys
     row_mask : Tensor (B, R) bool   real sampled rows (a short sequence has fewer rows)
     v : Tensor (B, H, S, dh) or None   values, for the output MSE
+    row_pos : LongTensor (B, R) or None   causal: the sequence position of each sampled row,
+                                          which sees the keys ``s <= row_pos`` only
+    target : Tensor (B, R, S) or None     target rows (probabilities over the keys, shared by
+                                          the heads) replacing the softmax rows
     """
 
     q: torch.Tensor
@@ -56,6 +65,8 @@ class TeacherBatch:
     key_mask: torch.Tensor
     row_mask: torch.Tensor
     v: torch.Tensor | None = None
+    row_pos: torch.Tensor | None = None
+    target: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         B, H, R, dh = self.q.shape
@@ -70,6 +81,21 @@ class TeacherBatch:
         if self.v is not None and tuple(self.v.shape) != tuple(self.k.shape):
             raise ValueError(f"v must have the shape of k {tuple(self.k.shape)}, got "
                              f"{tuple(self.v.shape)}")
+        if self.row_pos is not None and (tuple(self.row_pos.shape) != (B, R)
+                                         or self.row_pos.dtype != torch.long):
+            raise ValueError(f"row_pos must be a long tensor of shape ({B}, {R})")
+        if self.target is not None and tuple(self.target.shape) != (B, R, S):
+            raise ValueError(f"target must have shape ({B}, {R}, {S}), got "
+                             f"{tuple(self.target.shape)}")
+
+    def mask(self) -> torch.Tensor:
+        """Keys each row sees: ``(B, 1, R, S)`` bool (real keys, and ``s <= row_pos`` when
+        causal)."""
+        m = self.key_mask[:, None, None, :]
+        if self.row_pos is not None:
+            s = torch.arange(self.k.shape[2], device=self.k.device)
+            m = m & (s[None, None, None, :] <= self.row_pos[:, None, :, None])
+        return m
 
     @property
     def n_rows(self) -> int:
@@ -79,20 +105,28 @@ class TeacherBatch:
     def heads(self, index: slice) -> TeacherBatch:
         """The same sequences restricted to the heads ``index`` (views, no copy)."""
         return TeacherBatch(self.q[:, index], self.k[:, index], self.key_mask, self.row_mask,
-                            None if self.v is None else self.v[:, index])
+                            None if self.v is None else self.v[:, index], self.row_pos,
+                            self.target)
 
     def sequences(self, index: slice) -> TeacherBatch:
         """The sequences ``index`` (views), trimmed to their longest real key."""
         km = self.key_mask[index]
         s = max(int(km.sum(1).max()), 1) if km.numel() else 1
         return TeacherBatch(self.q[index], self.k[index, :, :s], km[:, :s], self.row_mask[index],
-                            None if self.v is None else self.v[index, :, :s])
+                            None if self.v is None else self.v[index, :, :s],
+                            None if self.row_pos is None else self.row_pos[index],
+                            None if self.target is None else self.target[index, :, :s])
 
 
 def teacher_rows(batch: TeacherBatch, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """Teacher log-probabilities ``log p_ts`` (B, H, R, S) (``-inf`` on padded keys)."""
+    """Teacher log-probabilities ``log p_ts`` (B, H, R, S) (``-inf`` on keys a row does not
+    see): the softmax rows, or the log of the batch's explicit ``target`` (every head)."""
+    mask = batch.mask()  # (B, 1, R, S)
+    if batch.target is not None:
+        p = batch.target.to(dtype)[:, None].masked_fill(~mask, 0.0)
+        return p.log().expand(-1, batch.q.shape[1], -1, -1)
     q, k = batch.q.to(dtype), batch.k.to(dtype)
-    logits = (q @ k.transpose(-1, -2)).masked_fill(~batch.key_mask[:, None, None, :], -math.inf)
+    logits = (q @ k.transpose(-1, -2)).masked_fill(~mask, -math.inf)
     return torch.log_softmax(logits, dim=-1)
 
 
@@ -103,11 +137,11 @@ def _chunk_sums(feature: FeatureFn, w: torch.Tensor, batch: TeacherBatch, output
         logp = teacher_rows(batch, dtype)  # (B, H, R, S)
         p = logp.exp()
     q, k = batch.q.to(dtype), batch.k.to(dtype)
-    kmask = batch.key_mask[:, None, None, :]  # (B, 1, 1, S)
+    kmask = batch.mask()  # (B, 1, R, S): real (and, causal, earlier) keys of each row
     rmask = batch.row_mask[:, None, :].expand(-1, q.shape[1], -1)  # (B, H, R)
     phi_q = feature(q, w).to(dtype)  # (B, H, R, M)
     phi_k = feature(k, w).to(dtype) * batch.key_mask[:, None, :, None].to(dtype)  # (B, H, S, M)
-    kern = phi_q @ phi_k.transpose(-1, -2)  # (B, H, R, S)
+    kern = (phi_q @ phi_k.transpose(-1, -2)).masked_fill(~kmask, 0.0)  # (B, H, R, S)
     tiny = torch.finfo(dtype).tiny
     log_a = kern.clamp_min(tiny).log() - kern.sum(-1, keepdim=True).clamp_min(tiny).log()
     valid = kmask & (p > 0)
@@ -313,19 +347,23 @@ def naive_teacher_value(feature: FeatureFn, omega: torch.Tensor, batches: Sequen
     for b in batches:
         B, H, R, dh = b.q.shape
         for i in range(B):
-            keys = [s for s in range(b.k.shape[2]) if bool(b.key_mask[i, s])]
             for h in range(H):
-                kk = b.k[i, h, keys].double()  # (S', dh)
                 for t in range(R):
                     if not bool(b.row_mask[i, t]):
                         continue
+                    last = b.k.shape[2] - 1 if b.row_pos is None else int(b.row_pos[i, t])
+                    keys = [s for s in range(b.k.shape[2])
+                            if bool(b.key_mask[i, s]) and s <= last]
+                    kk = b.k[i, h, keys].double()  # (S', dh)
                     qt = b.q[i, h, t].double()
-                    p = torch.softmax(kk @ qt, 0)
+                    p = (torch.softmax(kk @ qt, 0) if b.target is None
+                         else b.target[i, t, keys].double())
                     fq = feature(qt[None], om)[0].double()
                     kern = torch.stack([fq @ feature(kk[j][None], om)[0].double()
                                         for j in range(len(keys))])
                     a = kern / kern.sum()
-                    kl_sum += float((p * (p.log() - a.log())).sum())
+                    on = p > 0
+                    kl_sum += float((p[on] * (p[on].log() - a[on].log())).sum())
                     if b.v is not None:
                         vv = b.v[i, h, keys].double()
                         se_sum += float(((a - p) @ vv).pow(2).sum()) / dh

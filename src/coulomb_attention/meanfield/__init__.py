@@ -17,7 +17,6 @@ from .potentials import (
     DataPotential,
     GridInteraction,
     QuadraticPotential,
-    make_dataset,
 )
 from .solver import (
     FLUXES,
@@ -41,7 +40,6 @@ __all__ = [
     "gaussian_density",
     "integrate",
     "loglog_slope",
-    "make_dataset",
     "mckean_vlasov",
     "mmd_to_grid_density",
     "normalize",

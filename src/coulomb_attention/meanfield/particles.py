@@ -27,6 +27,7 @@ import torch
 
 from .._validation import as_float_tensor, check_nonnegative, check_positive
 from ..energy import Hamiltonian, LinearPotential, PairPotential
+from ..stats import loglog_fit
 from .grid import Grid
 
 __all__ = [
@@ -169,5 +170,4 @@ def loglog_slope(ns, values) -> tuple[float, float]:
         raise ValueError("the slope needs at least two distinct N")
     if (ns <= 0).any() or (values <= 0).any() or not np.isfinite(values).all():
         raise ValueError("ns and values must be positive and finite for a log-log fit")
-    slope, intercept = np.polyfit(np.log(ns), np.log(values), 1)
-    return float(slope), float(intercept)
+    return loglog_fit(ns, values)

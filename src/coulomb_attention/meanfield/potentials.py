@@ -1,7 +1,7 @@
 """The two potentials of the McKean-Vlasov equation: the data potential ``V`` and the
 interaction ``g_s * rho`` on the grid.
 
-Data potential (DESIGN, "Mean-field limit"): for a fixed dataset ``(x_a, y_a)``, a = 1..n,
+Data potential (docs/DESIGN.md, "Mean-field limit"): for a fixed dataset ``(x_a, y_a)``, a = 1..n,
 with the *unnormalised* feature ``phi`` (no ``1/sqrt(N)``),
 
     V(omega) = -( (1/n) sum_a y_a phi(x_a; omega) )^2.
@@ -39,7 +39,6 @@ __all__ = [
     "DataPotential",
     "GridInteraction",
     "QuadraticPotential",
-    "make_dataset",
 ]
 
 
@@ -58,28 +57,6 @@ DATA_FEATURES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Ten
     "rff": _rff_unnormalised,
     "positive": _positive_unnormalised,
 }
-
-
-def make_dataset(
-    dim: int, n_samples: int = 8, *, random_state=0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A small fixed synthetic dataset in ``R^dim``: ``x ~ N(0, I)``, ``y = sign(sin(2 x_1))``
-    (an oscillating labelling, so ``V`` has several wells).
-
-    Returns
-    -------
-    x : tensor of shape ``(n_samples, dim)``, float64
-    y : tensor of shape ``(n_samples,)``, float64 in {-1, +1}
-    """
-    from .._validation import torch_generator
-
-    if dim not in (1, 2):
-        raise ValueError(f"dim must be 1 or 2, got {dim!r}")
-    n_samples = check_positive("n_samples", n_samples, integer=True)
-    g = torch_generator(random_state)
-    x = torch.randn(n_samples, dim, generator=g, dtype=torch.float64)
-    y = torch.where(torch.sin(2.0 * x[:, 0]) >= 0, 1.0, -1.0).to(torch.float64)
-    return x, y
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from . import functional
 from .attention import ATTENTION_FEATURES, AttentionFeature, KernelAttention
+from .bert import bert_key_map
 from .functional import (
     favor_attention,
     linear_attention,
@@ -9,7 +10,7 @@ from .functional import (
     naive_linear_attention,
     softmax_attention,
 )
-from .model import ModelConfig, TransformerClassifier, bert_key_map
+from .model import ModelConfig, TransformerClassifier
 
 __all__ = [
     "ATTENTION_FEATURES",

@@ -34,7 +34,9 @@ __all__ = [
     "OMEGA_KEY",
     "PRETRAINED",
     "PretrainedSpec",
+    "BERT_MODEL_TYPES",
     "bert_key_map",
+    "check_vocabulary",
     "convert_bert_state_dict",
     "load_bert_state_dict",
     "load_pretrained_tokenizer",
@@ -83,6 +85,11 @@ PRETRAINED: dict[str, PretrainedSpec] = {
     ),
 }
 
+#: ``model_type`` values of ``config.json`` this module reads (absent: accepted, old configs);
+#: ``coulomb_bert`` is a Hugging Face export of a converted encoder
+#: (:mod:`coulomb_attention.export`).
+BERT_MODEL_TYPES = ("bert", "coulomb_bert")
+
 _IGNORED_PREFIXES = ("pooler.", "cls.", "classifier.", "lm_head.")
 _IGNORED_SUFFIXES = ("position_ids",)
 
@@ -127,8 +134,14 @@ def read_bert_config(directory: str | os.PathLike) -> dict[str, Any]:
     path = resolve_checkpoint_dir(directory) / "config.json"
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    model_type = cfg.get("model_type")
+    if model_type is not None and model_type not in BERT_MODEL_TYPES:
+        raise ValueError(f"{path}: model_type {model_type!r} is not a BERT-family encoder "
+                         f"(supported: {', '.join(BERT_MODEL_TYPES)})")
     required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                 "vocab_size", "max_position_embeddings")
     missing = [k for k in required if k not in cfg]
@@ -154,7 +167,12 @@ def load_bert_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor
     if st.is_file():
         from safetensors.torch import load_file
 
-        state = load_file(str(st), device="cpu")
+        try:
+            state = load_file(str(st), device="cpu")
+        except Exception as exc:  # SafetensorError, or OSError/ValueError from a cut file
+            raise ValueError(f"{st}: not a readable safetensors file (truncated or corrupt?): "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+                             ) from exc
     elif pt.is_file():
         try:
             state = torch.load(str(pt), map_location="cpu", weights_only=True)
@@ -162,6 +180,10 @@ def load_bert_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor
             raise ValueError(f"{pt}: refused to load: the file holds objects other than "
                              "tensors (only weights_only=True loading is allowed); convert the "
                              "checkpoint to model.safetensors") from exc
+        except (RuntimeError, EOFError, OSError) as exc:  # a cut or corrupt archive
+            raise ValueError(f"{pt}: not a readable checkpoint (truncated or corrupt?): "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}"
+                             ) from exc
         if not isinstance(state, dict):
             raise ValueError(f"{pt}: expected a state dict, got {type(state).__name__}")
     else:
@@ -299,6 +321,22 @@ def load_pretrained_tokenizer(name_or_path: str | os.PathLike = "minilm"):
     if tc.is_file():
         lowercase = bool(json.loads(tc.read_text(encoding="utf-8")).get("do_lower_case", True))
     return Tokenizer.from_vocab(vocab, lowercase=lowercase)
+
+
+def check_vocabulary(name_or_path: str | os.PathLike, embedding_rows: int) -> int:
+    """Raise ``ValueError`` unless the checkpoint's ``vocab.txt`` has exactly
+    ``embedding_rows`` tokens (a tokenizer of another model would map words to the wrong rows,
+    or past the table). Returns the vocabulary size."""
+    directory = resolve_checkpoint_dir(name_or_path)
+    vocab = directory / "vocab.txt"
+    if not vocab.is_file():
+        raise FileNotFoundError(f"{directory}: no vocab.txt")
+    with open(vocab, encoding="utf-8") as f:
+        n = sum(1 for _ in f)
+    if n != embedding_rows:
+        raise ValueError(f"{vocab}: {n} tokens but the word embeddings have {embedding_rows} "
+                         "rows (a tokenizer of another model?)")
+    return n
 
 
 def load_token_embeddings(name_or_path: str | os.PathLike = "minilm") -> torch.Tensor:

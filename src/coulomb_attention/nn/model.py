@@ -1,7 +1,7 @@
 """A small Transformer encoder classifier whose attention is a :class:`KernelAttention`.
 
 Structure (names chosen so BERT-style checkpoints map onto it with a flat rename, see
-:func:`bert_key_map`)::
+:func:`coulomb_attention.nn.bert.bert_key_map`)::
 
     embeddings.word_embeddings      (vocab, E)       E = embedding_dim (default D)
     embeddings.word_proj            Linear(E, D)     only when E != D (e.g. a pretrained table)
@@ -43,7 +43,7 @@ from torch import nn
 from .._validation import check_choice, check_nonnegative, check_positive
 from .attention import ATTENTION_FEATURES, KernelAttention
 
-__all__ = ["ModelConfig", "TransformerClassifier", "POOLINGS", "bert_key_map"]
+__all__ = ["ModelConfig", "TransformerClassifier", "POOLINGS"]
 
 POOLINGS = ("mean", "cls")
 
@@ -283,7 +283,3 @@ class TransformerClassifier(nn.Module):
         h = self.encode(input_ids, attention_mask, token_type_ids)
         return self.head(self.pool(h, attention_mask))
 
-
-# The BERT key map lives with the rest of the checkpoint code (nn/bert.py); re-exported here
-# for existing imports. Imported last: nn/bert.py needs this module's ModelConfig.
-from .bert import bert_key_map  # noqa: E402

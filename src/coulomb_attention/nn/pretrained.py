@@ -65,18 +65,6 @@ __all__ = [
     "save_pretrained_encoder",
 ]
 
-# moved to coulomb_attention.train.distill (attention distillation); importable from here
-# until every caller imports it from there
-_MOVED = ("align_to_softmax",)
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        from ..train import distill
-
-        return getattr(distill, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 class PretrainedClassifier(TransformerClassifier):
     """A :class:`TransformerClassifier` (post-norm BERT blocks, masked mean pooling, linear
@@ -215,7 +203,10 @@ def load_pretrained_encoder(
             elif i in baseline:
                 raise ValueError(f"{directory}: unknown feature map {baseline[i]!r} of layer {i} "
                                  "(known: hedgehog)")
-            layer.load_features_(omegas[i])
+            try:
+                layer.load_features_(omegas[i])
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{directory}: particles {OMEGA_KEY.format(i)}: {exc}") from exc
     model.unused_keys = unused
     model.bert_config = {k: v for k, v in bert.items() if k != KERNEL_KEY}
     return model.eval()

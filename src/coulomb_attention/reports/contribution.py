@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from .transformer import paired_difference
+from ..stats import paired_difference
 
 __all__ = ["attention_contribution"]
 

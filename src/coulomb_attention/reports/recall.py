@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from ..results import atomic_write_text, read_jsonl
+from ..stats import paired_difference
 from . import pyplot
-from .transformer import paired_difference
 
 __all__ = ["summarize", "write_report"]
 
@@ -18,7 +18,10 @@ NO_PARTICLES = ("softmax", "elu", "none")
 
 
 def _key(r: dict) -> tuple[str, str]:
-    return r["attention"], r["kernel"]
+    """(attention, kernel), the kernel labelled with its route (teacher route: init, objective,
+    fit method) when the row has one."""
+    route = r.get("route")
+    return r["attention"], r["kernel"] if not route else f"{r['kernel']} [{route}]"
 
 
 def _cell(values: list[float]) -> str:
@@ -108,8 +111,8 @@ def _plot(rows: list[dict], path: Path) -> None:
             mean = [np.mean(a) for a in acc]
             err = [np.std(a, ddof=1) if len(a) > 1 else 0.0 for a in acc]
             ax.errorbar(ms, mean, yerr=err, color=colors.get(att, "C5"), capsize=3,
-                        ls="-" if kernel == "learned" else "--",
-                        marker="o" if kernel == "learned" else "s",
+                        ls="-" if kernel.startswith("learned") else "--",
+                        marker="o" if kernel.startswith("learned") else "s",
                         label=f"{att} {kernel}")
         ax.axhline(lr[0]["chance"], color="grey", lw=0.8, ls=(0, (1, 3)), label="chance")
         task = lr[0]["config"]["task"]
@@ -138,7 +141,8 @@ def latest_runs(rows: list[dict]) -> tuple[list[dict], int]:
     Returns (rows, number of superseded rows)."""
     last: dict[tuple, dict] = {}
     for r in rows:
-        last[(r["level"], r["attention"], r["kernel"], r["n_features"], r["seed"])] = r
+        last[(r["level"], r["attention"], r["kernel"], r.get("route"), r["n_features"],
+              r["seed"])] = r
     return list(last.values()), len(rows) - len(last)
 
 

@@ -22,8 +22,9 @@ import numpy as np
 
 from ..data.tokenizer import HF_TRAINER, TRAINER, trainer_of
 from ..results import atomic_write_text
+from ..stats import paired_difference
 
-__all__ = ["build_report", "load_results", "paired_difference", "target_lines"]
+__all__ = ["build_report", "load_results", "target_lines"]
 
 METRICS = ("accuracy", "mcc", "f1", "ece", "log_loss", "brier")
 
@@ -93,24 +94,6 @@ def _fmt(values: list[float], digits: int = 4) -> str:
     if v.size == 1:
         return f"{v[0]:.{digits}f}"
     return f"{v.mean():.{digits}f} +- {v.std(ddof=1):.{digits}f}"
-
-
-def paired_difference(a: list[float], b: list[float]) -> tuple[float, float, float, int]:
-    """Mean of ``a - b`` (paired) and its 95% t-interval ``(mean, low, high, n)``.
-
-    With fewer than 2 pairs the interval is ``(nan, nan)``.
-    """
-    from scipy import stats
-
-    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    n = d.size
-    if n == 0:
-        return math.nan, math.nan, math.nan, 0
-    mean = float(d.mean())
-    if n < 2:
-        return mean, math.nan, math.nan, n
-    half = float(stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / math.sqrt(n))
-    return mean, mean - half, mean + half, n
 
 
 def _plots(task: str, by_variant: dict[str, list[dict]], out: Path) -> list[str]:

@@ -1,5 +1,14 @@
-"""Studies: plans of many runs over one library, resumable, with their records as results.
+"""Studies: a frozen config in, records and result files out (``docs/architecture.md``).
 
-:mod:`coulomb_attention.studies.ablation` is the ablation study (issue 24): one framework and
-one module per arena (``ablation_synthetic``, ``ablation_mqar``, ``ablation_convert``).
+- :mod:`.synthetic`      fixed versus learned random features on synthetic tasks
+- :mod:`.concentration`  spread across seeds of the learned kernel versus N and beta
+- :mod:`.meanfield`      the particle system versus its McKean-Vlasov limit
+- :mod:`.demo`           the short fixed-versus-learned demo
+- :mod:`.suite`          every attention x kernel variant of the run pipeline
+- :mod:`.minilm`         the pretrained-encoder comparison
+- :mod:`.ablation`       the ablation study (what each ingredient buys): one framework, one module
+                         per arena (``ablation_synthetic``, ``ablation_mqar``, ``ablation_convert``)
+
+Submodules are imported by name (``from coulomb_attention.studies import synthetic``); this
+package imports nothing, so a command's ``--help`` stays light.
 """

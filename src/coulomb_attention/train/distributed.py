@@ -59,8 +59,6 @@ __all__ = [
     "get_world_size",
     "init_distributed",
     "is_distributed",
-    "is_main_process",
-    "make_reduce",
     "shard",
     "shard_indices",
     "shared_seed",
@@ -117,11 +115,6 @@ def get_world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def is_main_process() -> bool:
-    """True on rank 0 (and in a single process): the one that writes files and prints."""
-    return get_rank() == 0
-
-
 def barrier() -> None:
     """Wait for every process (no-op outside a process group)."""
     if is_distributed():
@@ -172,13 +165,6 @@ def all_reduce_sum(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             out[i] = flat[offset:offset + n].view(tensors[i].shape)
             offset += n
     return out  # type: ignore[return-value]
-
-
-def make_reduce() -> Callable[[list[torch.Tensor]], list[torch.Tensor]] | None:
-    """The cross-process sum for :func:`~coulomb_attention.energy.alignment_value_and_grad`
-    (``None`` in a single process); the particle driver takes it inside a
-    :class:`~coulomb_attention.energy.Comm` (:attr:`DistributedRuntime.comm`)."""
-    return all_reduce_sum if is_distributed() else None
 
 
 def shared_seed(seed: int | None) -> int:

@@ -13,6 +13,7 @@ progress), ``barrier`` and ``all_reduce_sum`` (for the epoch's mean loss).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -209,6 +210,10 @@ class Runtime:
     def all_reduce_sum(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Sum tensors over processes (identity here)."""
         return tensors
+
+    def main_process_first(self) -> contextlib.AbstractContextManager:
+        """Rank 0 runs the block first, the others then (one process: just runs it)."""
+        return contextlib.nullcontext()
 
     @property
     def comm(self):

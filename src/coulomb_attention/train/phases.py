@@ -6,7 +6,7 @@
   Langevin dynamics on ``H = -A + lam W`` (:class:`coulomb_attention.energy.Hamiltonian` with
   the :class:`~coulomb_attention.energy.LabelAlignment` data term, moved by
   :func:`coulomb_attention.dynamics.learn_particles`)
-  with the sequence kernel of DESIGN.md::
+  with the sequence kernel of docs/DESIGN.md::
 
       phibar(S) = mean over real tokens t (and heads sharing omega) of phi(q_t; omega)   (N,)
       k(S, S')  = phibar(S) . phibar(S')

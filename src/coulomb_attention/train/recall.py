@@ -22,12 +22,22 @@ mini-batch of sequences per step, cosine step size, ball of radius ``radius sqrt
 drift normalised to an RMS of ``eta`` per particle: the token-pair alignment's gradient is
 small and its scale varies with the warm-up),
 exactly the settings object of the sequence-level phase A (:class:`~.phases.AlignConfig`).
+
+The teacher route (``init="teacher"``, :mod:`.recall_teacher`): instead of the warm-up, a
+softmax model of the same architecture is trained (``teacher_train``; cached per seed as
+safetensors under ``teacher_dir``) and its weights are copied into the student, which keeps
+its own omega; ``kernel="learned"`` then fits omega to the rows of ``objective``
+(``teacher``, ``teacher_query``, ``indicator``; ``fit``), ``kernel="vanilla"`` keeps the
+draw (the fair fixed baseline: same teacher, same fine-tuning); phase B as above.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,15 +53,29 @@ from ..nn.recall import RecallModel, RecallModelConfig
 from .capture import layer_inputs
 from .loop import Runtime, TrainConfig, fit
 from .phases import AlignConfig, langevin_setup
+from .recall_levels import RECALL_LEVELS
+from .recall_teacher import (
+    OBJECTIVES,
+    RecallFitConfig,
+    fit_recall_omega,
+    load_teacher_weights_,
+    omega_diagnostics,
+)
 
-__all__ = ["KERNELS", "RecallRunConfig", "evaluate_recall", "recall_phase_a", "run_recall"]
+__all__ = ["INITS", "KERNELS", "RECALL_LEVELS", "RECALL_OBJECTIVES", "RecallRunConfig",
+           "evaluate_recall", "recall_phase_a", "run_recall", "train_teacher"]
 
 KERNELS = ("vanilla", "learned")
-
+INITS = ("warmup", "teacher")
+RECALL_OBJECTIVES = ("token_pair", *OBJECTIVES)
 
 def _recall_train_default() -> TrainConfig:
     return TrainConfig(epochs=8, batch_size=64, lr=3e-3, weight_decay=0.1, warmup_fraction=0.1,
                        schedule="cosine", length_grouping=0)
+
+
+def _recall_teacher_default() -> TrainConfig:
+    return replace(_recall_train_default(), epochs=6, lr=6e-3)
 
 
 def _recall_align_default() -> AlignConfig:
@@ -73,7 +97,15 @@ class RecallRunConfig:
     seed : int                   data, initial weights, particles, data order, Langevin noise
     n_train, n_eval : int        training / evaluation sequences (the eval set does not depend
                                  on the seed)
-    warmup_epochs : int          cross-entropy epochs before phase A (both kernels)
+    warmup_epochs : int          cross-entropy epochs before phase A (both kernels;
+                                 ``init="warmup"`` only)
+    init : str                   warmup (fixed-feature warm-up) or teacher (weights of a
+                                 trained softmax model of the same architecture)
+    objective : str              phase A's target: token_pair (``align``) or, with
+                                 ``fit``, teacher / teacher_query / indicator
+                                 (:mod:`.recall_teacher`; teacher rows need ``init="teacher"``)
+    fit : RecallFitConfig        omega fit of the non-token-pair objectives
+    teacher_train : TrainConfig  the softmax teacher's training (``init="teacher"``)
     """
 
     task: MQARConfig = field(default_factory=MQARConfig)
@@ -85,9 +117,21 @@ class RecallRunConfig:
     n_train: int = 20000
     n_eval: int = 2000
     warmup_epochs: int = 2
+    init: str = "warmup"
+    objective: str = "token_pair"
+    fit: RecallFitConfig = field(default_factory=RecallFitConfig)
+    teacher_train: TrainConfig = field(default_factory=_recall_teacher_default)
 
     def __post_init__(self) -> None:
         check_choice("kernel", self.kernel, KERNELS)
+        check_choice("init", self.init, INITS)
+        check_choice("objective", self.objective, RECALL_OBJECTIVES)
+        if self.objective in ("teacher", "teacher_query") and self.init != "teacher":
+            raise ValueError(f"objective {self.objective!r} fits the teacher's rows: it needs "
+                             "init='teacher'")
+        if self.fit.method == "hedgehog" and self.objective == "token_pair":
+            raise ValueError("fit.method 'hedgehog' needs a row objective (teacher, "
+                             "teacher_query, indicator), not token_pair")
         for name in ("n_train", "n_eval", "warmup_epochs"):
             check_positive(name, getattr(self, name), integer=True)
         if self.model.vocab_size < self.task.vocab_size:
@@ -210,52 +254,136 @@ def recall_phase_a(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
     return records
 
 
-def run_recall(config: RecallRunConfig, progress: bool = False) -> dict[str, Any]:
+def _new_model(model_config: RecallModelConfig, seed: int) -> RecallModel:
+    """The run's initial model: weights from torch's generator seeded ``seed`` (in
+    ``fork_rng``), particles from a generator seeded ``seed + 1``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return RecallModel(model_config, generator=torch.Generator().manual_seed(seed + 1))
+
+
+def _teacher_key(config: RecallRunConfig) -> dict[str, Any]:
+    """Everything the teacher of ``config`` depends on (its cache key; the softmax model has
+    no particles, so ``n_features`` is not part of it)."""
+    return {"task": to_dict(config.task),
+            "model": to_dict(replace(config.model, attention="softmax", n_features=1)),
+            "train": to_dict(config.teacher_train), "seed": int(config.seed),
+            "n_train": config.n_train}
+
+
+def train_teacher(config: RecallRunConfig, train_data: MQARData, eval_data: MQARData,
+                  teacher_dir: str | Path | None = None, progress: bool = False
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The softmax teacher of ``config``: the same architecture with ``attention="softmax"``,
+    the same initial weights as the student (seed), trained ``teacher_train`` on
+    ``train_data``. With ``teacher_dir`` it is cached there (``teacher-<key>.safetensors`` +
+    ``.json``: key, accuracy) and reused by every run with the same key (map, M, kernel and
+    objective are not part of it).
+
+    Returns ``(state_dict, info)`` with ``info = {"accuracy", "time_s", "cached", "path"}``.
+    """
+    from safetensors.torch import load_file
+
+    from ..results import atomic_write_json, save_tensors
+
+    key = _teacher_key(config)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = None if teacher_dir is None else \
+        Path(teacher_dir) / f"teacher-seed{config.seed}-{digest}.safetensors"
+    if path is not None and path.is_file() and path.with_suffix(".json").is_file():
+        meta = json.loads(path.with_suffix(".json").read_text())
+        if meta.get("key") == key:
+            return load_file(str(path)), {"accuracy": meta["accuracy"], "time_s": 0.0,
+                                          "cached": True, "path": str(path)}
+    t0 = time.perf_counter()
+    teacher = _new_model(replace(config.model, attention="softmax"), int(config.seed))
+    fit(_ChannelFirst(teacher), train_data, config.teacher_train, seed=int(config.seed),
+        runtime=Runtime(progress=progress), desc="teacher")
+    acc = evaluate_recall(teacher, eval_data)["accuracy"]
+    state = {k: v.detach().clone().contiguous() for k, v in teacher.state_dict().items()}
+    info = {"accuracy": acc, "time_s": time.perf_counter() - t0, "cached": False,
+            "path": None if path is None else str(path)}
+    if path is not None:
+        save_tensors(path, state)
+        atomic_write_json(path.with_suffix(".json"), {"key": key, "accuracy": acc,
+                                                      "time_s": info["time_s"]})
+    return state, info
+
+
+def run_recall(config: RecallRunConfig, progress: bool = False,
+               teacher_dir: str | Path | None = None) -> dict[str, Any]:
     """Train and evaluate one recall model; returns the result row (JSON-ready, with the
-    resolved ``config``)."""
+    resolved ``config``). ``teacher_dir``: where the softmax teachers of ``init="teacher"``
+    are cached (None: trained anew every run)."""
     if not isinstance(config, RecallRunConfig):
         raise TypeError(f"config must be a RecallRunConfig, got {type(config).__name__}")
     t_start = time.perf_counter()
     seed = int(config.seed)
     gen = torch.Generator().manual_seed(seed)
     train_data = make_mqar(config.task, config.n_train, gen)
-    hold_data = make_mqar(config.task, config.align.holdout or 1, gen)
+    routed = config.init == "teacher" or config.objective != "token_pair"
+    hold_n = config.fit.holdout if routed else (config.align.holdout or 1)
+    hold_data = make_mqar(config.task, hold_n, gen)
     eval_data = make_mqar(config.task, config.n_eval, torch.Generator().manual_seed(10**6))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = RecallModel(config.model, generator=torch.Generator().manual_seed(seed + 1))
+    model = _new_model(config.model, seed)
     net = _ChannelFirst(model)
     runtime = Runtime(progress=progress)
     t0 = time.perf_counter()
-    warm = fit(net, train_data, replace(config.train, epochs=config.warmup_epochs), seed=seed,
-               runtime=runtime, desc="warm-up")
-    warm_eval = evaluate_recall(model, eval_data)
+    history: list = []
+    extra: dict[str, Any] = {}
+    if config.init == "teacher":
+        state, tinfo = train_teacher(config, train_data, eval_data, teacher_dir, progress)
+        load_teacher_weights_(model, state)
+        extra["teacher"] = tinfo
+        extra["teacher_accuracy"] = tinfo["accuracy"]
+        start_eval = evaluate_recall(model, eval_data)  # the swap, before any fit or tuning
+        extra["swap_accuracy"] = start_eval["accuracy"]
+    else:
+        warm = fit(net, train_data, replace(config.train, epochs=config.warmup_epochs),
+                   seed=seed, runtime=runtime, desc="warm-up")
+        history += warm.history
+        start_eval = evaluate_recall(model, eval_data)
     t_warm = time.perf_counter() - t0
     align: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     if config.kernel == "learned":
-        n_fit = min(config.align.n_examples, config.n_train)
+        n_fit = min(config.fit.n_examples if routed else config.align.n_examples,
+                    config.n_train)
         fit_subset = MQARData(*(t[:n_fit] for t in (train_data.inputs, train_data.targets,
                                                     train_data.retrieve)))
-        align = recall_phase_a(net, fit_subset, hold_data, config.align,
-                               torch.Generator().manual_seed(seed + 2))
+        if config.objective == "token_pair":
+            align = recall_phase_a(net, fit_subset, hold_data, config.align,
+                                   torch.Generator().manual_seed(seed + 2))
+        else:
+            align = [fit_recall_omega(net, fit_subset, hold_data, config.objective, config.fit,
+                                      torch.Generator().manual_seed(seed + 2))]
+            extra["fit_accuracy"] = evaluate_recall(model, eval_data)["accuracy"]
     t_a = time.perf_counter() - t0
     t0 = time.perf_counter()
     tune = fit(net, train_data, config.train, seed=seed + 3, runtime=runtime, desc="phase B")
+    history += tune.history
     t_b = time.perf_counter() - t0
     metrics = evaluate_recall(model, eval_data)
+    route = None  # the token-pair path (rows as before the teacher route existed)
+    if config.init == "teacher" or config.objective != "token_pair":
+        route = config.init + ("" if config.kernel == "vanilla" else
+                               f"+{config.objective}" + ("" if config.objective == "token_pair"
+                                                         else f"+{config.fit.method}"))
     return {
         "attention": config.model.attention,
         "kernel": config.kernel,
+        "route": route,
         "n_features": config.model.n_features,
         "seed": seed,
         "accuracy": metrics["accuracy"],
         "sequence_accuracy": metrics["sequence_accuracy"],
         "chance": config.task.chance,
-        "warmup_accuracy": warm_eval["accuracy"],
+        "warmup_accuracy": start_eval["accuracy"],
         "alignment": align,
-        "history": warm.history + tune.history,
+        "history": history,
         "timings": {"warmup_s": t_warm, "phase_a_s": t_a, "phase_b_s": t_b,
                     "total_s": time.perf_counter() - t_start},
+        **extra,
+        "diagnostics": omega_diagnostics(model, hold_data),
         "config": to_dict(config),
     }

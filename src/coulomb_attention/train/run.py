@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from .._validation import check_choice, check_nonnegative, check_positive
-from ..config import from_dict, override, to_dict
+from ..config import deep_merge, from_dict, override, to_dict
 from ..data import DATASETS, build_tokenizer, load_task, resolve_data_dir
 from ..nn.attention import ATTENTION_FEATURES
 from ..nn.model import ModelConfig, TransformerClassifier
@@ -175,14 +175,6 @@ PRETRAINED_PRESET: dict[str, Any] = {
 PRETRAINED_MODEL_KEYS = ("attention", "tie_qk", "n_features", "share_features", "dropout")
 
 
-def _merge(base: dict, changes: dict) -> dict:
-    out = dict(base)
-    for k, v in changes.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
-            else v
-    return out
-
-
 def make_run_config(overrides: dict[str, Any]) -> RunConfig:
     """A RunConfig from nested overrides (a config file merged with flags); unknown keys
     raise. With a pretrained ``encoder`` the :data:`PRETRAINED_PRESET` lies under the
@@ -194,7 +186,7 @@ def make_run_config(overrides: dict[str, Any]) -> RunConfig:
             raise ValueError(f"model setting(s) {', '.join(bad)} do not apply to a pretrained "
                              f"encoder (its architecture comes from the checkpoint); valid: "
                              f"{', '.join(PRETRAINED_MODEL_KEYS)}")
-        merged = _merge(PRETRAINED_PRESET, merged)
+        merged = deep_merge(PRETRAINED_PRESET, merged)
     defaults = RunConfig.__dataclass_fields__
     sections = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig,
                 "align": AlignConfig, "distill": DistillConfig, "robust": RobustConfig}
@@ -304,11 +296,6 @@ def _build_model(config: RunConfig, tokenizer, num_labels: int):
             model.embeddings.word_embeddings.weight.copy_(table)
         model.embeddings.word_embeddings.weight.requires_grad_(False)
     return model, config
-
-
-def _main_first(runtime):
-    main_first = getattr(runtime, "main_process_first", None)
-    return main_first() if main_first is not None else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------------------- phase A
@@ -480,7 +467,7 @@ def run(
     if config.robust.advglue and spec.has_adversarial:
         with contextlib.suppress(FileNotFoundError):
             adv = load_task(config.task, "advglue", data_dir)
-    with _main_first(runtime):  # rank 0 writes the tokenizer cache, the others then read it
+    with runtime.main_process_first():  # rank 0 writes the tokenizer cache, the others then read it
         tokenizer = _tokenizer(config, train.texts, out, warmup_from)
     model, config = _build_model(config, tokenizer, spec.num_labels)
     max_len = config.data.max_length

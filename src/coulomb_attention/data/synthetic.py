@@ -1,4 +1,5 @@
-"""Synthetic binary classification tasks for the random-feature benchmark.
+"""Synthetic classification tasks: the random-feature benchmark's families, the demo's task
+and the hidden-direction tasks of the estimator check (the one home of synthetic data).
 
 Every generator is a pure function of its arguments (randomness comes from ``random_state``)
 and returns a :class:`SyntheticTask`: standardized ``X_train (n_train, d)``, ``y_train``,
@@ -48,6 +49,11 @@ __all__ = [
     "make_spectral",
     "flip_labels",
     "SPECTRAL_FREQUENCIES",
+    "spectral_hit_fraction",
+    "make_demo_task",
+    "HIDDEN_KINDS",
+    "make_hidden_task",
+    "make_meanfield_dataset",
 ]
 
 NOISE_LEVELS: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3)
@@ -390,3 +396,61 @@ def make_hidden_task(kind: str, n: int, d: int, k: int, noise: float, seed: int)
     X = X * rng.uniform(0.5, 2.0, d)  # unequal raw scales (the pipeline standardizes)
     perm = rng.permutation(d)
     return X[:, perm], y
+
+
+def spectral_hit_fraction(omega: np.ndarray, frequencies: np.ndarray, rel: float = 0.25) -> float:
+    """Fraction of particles (rows of ``omega`` (N, d)) within ``rel * min_k |f_k|`` of some
+    ``+- f_k`` (rows of ``frequencies`` (K, d), the spectral task's ground truth), distance
+    measured in all d dims."""
+    f = np.concatenate([frequencies, -frequencies])  # (2K, d)
+    radius = rel * float(np.linalg.norm(frequencies, axis=1).min())
+    dist = np.linalg.norm(omega[:, None, :] - f[None, :, :], axis=2).min(1)
+    return float((dist <= radius).mean())
+
+
+# ----------------------------------------------------------------------- the demo's task
+
+
+def make_demo_task(n: int, d: int, noise: float, seed: int):
+    """XOR of two hidden directions plus ``d - 2`` noise dimensions.
+
+    Returns ``X`` (2n, d) (raw, unequal coordinate scales) and ``y`` (2n,) in {0, 1}; the first
+    ``n`` rows are for training (with ``noise`` label flips), the last ``n`` for testing (clean).
+    """
+    if d < 2:
+        raise ValueError(f"the demo task needs d >= 2, got d={d}")
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((2 * n, d))
+    y = (z[:, 0] * z[:, 1] > 0).astype(np.int64)
+    flip = rng.random(2 * n) < noise
+    flip[n:] = False
+    y = np.where(flip, 1 - y, y)
+    q, _ = np.linalg.qr(rng.standard_normal((d, d)))  # hide the informative directions
+    X = (z @ q.T) * rng.uniform(0.5, 2.0, d)
+    return X, y
+
+
+# ----------------------------------------------------------------------- the mean-field study
+
+
+def make_meanfield_dataset(dim: int, n_samples: int = 8, *, random_state=0):
+    """A small fixed synthetic dataset in ``R^dim`` for the mean-field study's data potential:
+    ``x ~ N(0, I)``, ``y = sign(sin(2 x_1))`` (an oscillating labelling, so ``V`` has several
+    wells).
+
+    Returns
+    -------
+    x : tensor of shape ``(n_samples, dim)``, float64
+    y : tensor of shape ``(n_samples,)``, float64 in {-1, +1}
+    """
+    import torch
+
+    from .._validation import torch_generator
+
+    if dim not in (1, 2):
+        raise ValueError(f"dim must be 1 or 2, got {dim!r}")
+    n_samples = check_positive("n_samples", n_samples, integer=True)
+    g = torch_generator(random_state)
+    x = torch.randn(n_samples, dim, generator=g, dtype=torch.float64)
+    y = torch.where(torch.sin(2.0 * x[:, 0]) >= 0, 1.0, -1.0).to(torch.float64)
+    return x, y

@@ -1,0 +1,267 @@
+"""A BERT encoder whose attention is kernel (linear) attention with learned particles.
+
+Self-contained remote code for ``transformers`` (``trust_remote_code=True``), written by
+coulomb-attention's Hugging Face export; it imports only ``torch`` and ``transformers``.
+Tensor names equal ``BertModel``'s (no pooler) plus one particle buffer per layer,
+``encoder.layer.{i}.attention.self.omega`` of shape ``(1 or heads, M, head_dim)``.
+
+Per layer and head, with queries and keys scaled by ``head_dim ** -0.25``::
+
+    out_t = phi(q_t) . sum_s phi(k_s) v_s^T  /  phi(q_t) . sum_s phi(k_s)      (padded s left out)
+
+    favor          phi(u) = exp(u . w_m - |u|^2 / 2 - shift) / sqrt(M)
+                   shift: the row max for queries, one max over the real keys per (batch, head)
+                   for keys; both cancel in the ratio
+    porf_softplus  phi(u) = softplus(u . w_m) / sqrt(M)
+    softmax_feat   phi(u) = softmax_m(u . w_m)
+
+computed in float32 (float64 stays float64), in the linear order: O(L M head_dim) per head.
+Factors that cancel in the ratio exactly (``1/sqrt(M)``; for FAVOR+ queries ``exp(-|q|^2/2)``,
+a constant per row) are not computed.
+The rest is BERT: word + position + token-type embeddings -> LayerNorm, post-norm blocks with
+exact GELU; ``last_hidden_state`` is what sentence-transformers mean-pools.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+
+try:  # as a package (trust_remote_code) and as a plain module
+    from .configuration_coulomb_bert import CoulombBertConfig
+except ImportError:  # pragma: no cover
+    from configuration_coulomb_bert import CoulombBertConfig
+
+_TINY = torch.finfo(torch.float32).tiny
+
+
+# ---------------------------------------------------------------------------- the kernel
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def feature_logits(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """``u . w_m`` of u (H, B, L, d) with omega (1 or H, M, d): (H, B, L, M), as one matrix
+    product per head group over all B L rows (large products, not B H small ones)."""
+    H, B, L, d = u.shape
+    if omega.shape[0] == 1:
+        return (u.reshape(H * B * L, d) @ omega[0].T).view(H, B, L, -1)
+    return torch.bmm(u.reshape(H, B * L, d), omega.transpose(1, 2)).view(H, B, L, -1)
+
+
+def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, is_query: bool,
+                    key_mask: torch.Tensor | None = None, scale: float = 1.0) -> torch.Tensor:
+    """Features of queries or keys ``scale * u``, u (H, B, L, d): (H, B, L, M), padded keys 0
+    (the scale is applied to omega, the smaller tensor).
+
+    Up to factors that cancel in the attention ratio: a constant per query row (FAVOR+'s
+    ``-|q|^2/2`` and its row-max shift) or per (batch, head) (``1/sqrt(M)``, the key shift).
+    ``key_mask`` (B, L) bool, True = real token (keys only). Without autograd the large
+    (H, B, L, M) tensors are updated in place (no fresh allocation per step).
+    """
+    inplace = not (torch.is_grad_enabled() and (u.requires_grad or omega.requires_grad))
+    z = feature_logits(u, omega * scale)  # (H, B, L, M): (scale u) . w
+    pad = None if key_mask is None or is_query else ~key_mask[None, :, :, None]
+    if feature_map == "favor":
+        if not is_query:
+            sq = (0.5 * scale * scale) * (u * u).sum(-1, keepdim=True)  # (H, B, L, 1)
+            z = z.sub_(sq) if inplace else z - sq
+            if pad is not None:
+                z = z.masked_fill_(pad, -math.inf) if inplace else z.masked_fill(pad, -math.inf)
+            shift = z.amax(dim=(-2, -1), keepdim=True)  # (H, B, 1, 1) over the real keys
+        else:
+            shift = z.amax(-1, keepdim=True)  # (H, B, L, 1)
+        shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift)).detach()
+        return z.sub_(shift).exp_() if inplace else torch.exp(z - shift)
+    if feature_map == "porf_softplus":
+        phi = F.softplus(z)
+    elif feature_map == "softmax_feat":
+        phi = torch.softmax(z, dim=-1)
+    else:
+        raise ValueError(f"unknown feature_map {feature_map!r}")
+    if pad is not None:
+        phi = phi.masked_fill_(pad, 0.0) if inplace else phi.masked_fill(pad, 0.0)
+    return phi
+
+
+def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, omega: torch.Tensor,
+                     feature_map: str, key_mask: torch.Tensor | None = None,
+                     scale: float = 1.0) -> torch.Tensor:
+    """Normalised ``phi(Q) [phi(K)^T V, phi(K)^T 1]`` of queries and keys ``scale * q``,
+    ``scale * k``, q, k (H, B, L, d), v (H, B, L, e) (heads first) with omega (1 or H, M, d):
+    (H, B, L, e) in ``v``'s dtype; ``key_mask`` (B, L) bool; a query without any real key
+    gets 0."""
+    dt = _compute_dtype(v)
+    q, k, vv, om = q.to(dt), k.to(dt), v.to(dt), omega.to(dt)
+    pq = kernel_features(q, om, feature_map, is_query=True, scale=scale)
+    pk = kernel_features(k, om, feature_map, is_query=False, key_mask=key_mask, scale=scale)
+    kv = torch.cat([pk.transpose(-1, -2) @ vv, pk.sum(-2).unsqueeze(-1)], -1)  # (H, B, M, e+1)
+    n = pq @ kv  # (H, B, L, e+1): numerator and normaliser in one product
+    return (n[..., :-1] / n[..., -1:].clamp_min(_TINY)).to(v.dtype)  # (H, B, L, e)
+
+
+# ---------------------------------------------------------------------------- modules
+
+
+class CoulombBertEmbeddings(nn.Module):
+    def __init__(self, config: CoulombBertConfig) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, d)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, d)
+        self.LayerNorm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids=None, token_type_ids=None, position_ids=None,
+                inputs_embeds=None) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        B, T = x.shape[:2]
+        if T > self.position_embeddings.num_embeddings:
+            raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
+                             f"{self.position_embeddings.num_embeddings}")
+        if position_ids is None:
+            position_ids = torch.arange(T, device=x.device)[None, :]
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(B, T, dtype=torch.long, device=x.device)
+        x = x + self.token_type_embeddings(token_type_ids) + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class CoulombBertSelfAttention(nn.Module):
+    """BERT's query/key/value projections and the particles ``omega`` (a buffer)."""
+
+    def __init__(self, config: CoulombBertConfig) -> None:
+        super().__init__()
+        d, h = config.hidden_size, config.num_attention_heads
+        self.heads, self.head_dim, self.feature_map = h, d // h, config.feature_map
+        self.query, self.key, self.value = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        groups = 1 if config.share_features else h
+        self.register_buffer("omega", torch.zeros(groups, config.n_features, d // h))
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, _ = x.shape
+
+        def split(t):  # heads first: (H, B, T, dh)
+            return t.view(B, T, self.heads, self.head_dim).permute(2, 0, 1, 3)
+
+        out = kernel_attention(split(self.query(x)), split(self.key(x)), split(self.value(x)),
+                               self.omega, self.feature_map, key_mask,
+                               scale=self.head_dim ** -0.25)  # (H, B, T, dh)
+        return out.permute(1, 2, 0, 3).reshape(B, T, self.heads * self.head_dim)
+
+
+class CoulombBertSelfOutput(nn.Module):
+    def __init__(self, config: CoulombBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(h)) + x)
+
+
+class CoulombBertAttention(nn.Module):
+    def __init__(self, config: CoulombBertConfig) -> None:
+        super().__init__()
+        self.self = CoulombBertSelfAttention(config)
+        self.output = CoulombBertSelfOutput(config)
+
+    def forward(self, x, key_mask):
+        return self.output(self.self(x, key_mask), x)
+
+
+class CoulombBertIntermediate(nn.Module):
+    def __init__(self, config: CoulombBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+
+    def forward(self, x):
+        return F.gelu(self.dense(x))
+
+
+class CoulombBertOutput(nn.Module):
+    def __init__(self, config: CoulombBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h, x):
+        return self.LayerNorm(self.dropout(self.dense(h)) + x)
+
+
+class CoulombBertLayer(nn.Module):
+    def __init__(self, config: CoulombBertConfig) -> None:
+        super().__init__()
+        self.attention = CoulombBertAttention(config)
+        self.intermediate = CoulombBertIntermediate(config)
+        self.output = CoulombBertOutput(config)
+
+    def forward(self, x, key_mask):
+        x = self.attention(x, key_mask)
+        return self.output(self.intermediate(x), x)
+
+
+class CoulombBertEncoder(nn.Module):
+    def __init__(self, config: CoulombBertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(CoulombBertLayer(config)
+                                   for _ in range(config.num_hidden_layers))
+
+
+class CoulombBertPreTrainedModel(PreTrainedModel):
+    config_class = CoulombBertConfig
+    base_model_prefix = "bert"
+    main_input_name = "input_ids"
+
+    # tensors absent from a checkpoint get PreTrainedModel's default initialisation
+
+
+class CoulombBertModel(CoulombBertPreTrainedModel):
+    """``forward(input_ids (B, T), attention_mask (B, T) 1 = token, token_type_ids=None)`` ->
+    ``BaseModelOutput(last_hidden_state (B, T, D), hidden_states)``."""
+
+    def __init__(self, config: CoulombBertConfig) -> None:
+        super().__init__(config)
+        self.embeddings = CoulombBertEmbeddings(config)
+        self.encoder = CoulombBertEncoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None,
+                position_ids=None, inputs_embeds=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        key_mask = None
+        if attention_mask is not None:
+            key_mask = attention_mask.bool() if attention_mask.ndim == 2 else None
+            if key_mask is None:
+                raise ValueError("attention_mask must have shape (B, T)")
+            if bool(key_mask.all()):
+                key_mask = None
+        hidden = [x] if output_hidden_states else None
+        for layer in self.encoder.layer:
+            x = layer(x, key_mask)
+            if hidden is not None:
+                hidden.append(x)
+        out = BaseModelOutput(last_hidden_state=x,
+                              hidden_states=tuple(hidden) if hidden is not None else None)
+        if return_dict is False:
+            return out.to_tuple()
+        return out
