@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .._validation import check_positive
+from .attention import use_hedgehog_map_
 from .bert import (
     KERNEL_KEY,
     OMEGA_KEY,
@@ -187,8 +188,8 @@ def load_pretrained_encoder(
                   if not (k.startswith("head.") or k.endswith(".omega"))]
     assert not not_loaded, not_loaded  # convert_bert_state_dict checked the mapping
     if use_saved:
-        # layers converted to a baseline map outside the registry (the Hedgehog map of
-        # train.distill): switched to it before their saved particles are loaded
+        # layers converted to a baseline map outside the registry (the Hedgehog map,
+        # nn.attention.use_hedgehog_map_): switched to it before their particles are loaded
         baseline = {int(i): m for i, m in (bert[KERNEL_KEY].get("layer_maps") or {}).items()}
         for i, layer in enumerate(model.attention_layers):
             if not layer.has_features:
@@ -197,8 +198,6 @@ def load_pretrained_encoder(
                 raise ValueError(f"{directory}: converted checkpoint lacks the particles "
                                  f"{OMEGA_KEY.format(i)}")
             if baseline.get(i) == "hedgehog":
-                from ..train.distill import use_hedgehog_map_
-
                 use_hedgehog_map_(layer)
             elif i in baseline:
                 raise ValueError(f"{directory}: unknown feature map {baseline[i]!r} of layer {i} "
@@ -219,7 +218,7 @@ def save_pretrained_encoder(model: PretrainedClassifier, directory: str | os.Pat
     :func:`load_pretrained_encoder` loads back (``config.json`` + ``model.safetensors`` +
     ``vocab.txt``). ``vocab_from`` defaults to ``model.source``; ``extra`` is stored in the
     kernel section of ``config.json`` (e.g. how the particles were learned). Layers switched to
-    a baseline map (the Hedgehog map, :func:`coulomb_attention.train.distill.use_hedgehog_map_`)
+    a baseline map (the Hedgehog map, :func:`coulomb_attention.nn.attention.use_hedgehog_map_`)
     are named in the kernel section's ``layer_maps`` and switched back on loading."""
     if not model.bert_config:
         raise ValueError("model has no bert_config: load it with load_pretrained_encoder")

@@ -54,7 +54,9 @@ from ..energy import (
     TeacherBatch,
     per_head,
 )
-from ..nn.attention import AttentionFeature
+
+# the Hedgehog map lives with the attention layers (a loaded checkpoint switches to it too)
+from ..nn.attention import HEDGEHOG, hedgehog_features, use_hedgehog_map_  # noqa: F401
 from .capture import layer_inputs
 from .phases import langevin_setup
 
@@ -214,37 +216,6 @@ def capture_teacher_batches(
 
 
 # ---------------------------------------------------------------------------- hedgehog
-
-
-def hedgehog_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-    """Hedgehog feature map ``[softmax(u A^T), softmax(u B^T)]`` with ``omega = [A; B]``
-    (M, d), ``M`` even (the baseline ties ``B = -A``). ``u (..., d) -> (..., M)``, float32 or
-    float64."""
-    if omega.shape[0] % 2:
-        raise ValueError(f"the hedgehog map needs an even number of features, got "
-                         f"{omega.shape[0]}")
-    dtype = torch.float64 if torch.float64 in (u.dtype, omega.dtype) else torch.float32
-    u, omega = u.to(dtype), omega.to(dtype)
-    half = omega.shape[0] // 2
-    return torch.cat([torch.softmax(u @ omega[:half].T, -1),
-                      torch.softmax(u @ omega[half:].T, -1)], -1)
-
-
-HEDGEHOG = AttentionFeature("hedgehog", hedgehog_features, "orthogonal",
-                            "learned map inside the exponential (Hedgehog baseline)")
-
-
-def use_hedgehog_map_(layer) -> None:
-    """Switch a :class:`KernelAttention` with particles to the Hedgehog map (omega ``[W; -W]``
-    from the first half of its current omega). The layer then computes linear attention with
-    :func:`hedgehog_features` (a baseline; not saved by ``save_pretrained_encoder``)."""
-    if not layer.has_features or layer.n_features % 2:
-        raise ValueError("the hedgehog baseline needs a layer with an even number of particles")
-    half = layer.n_features // 2
-    w = layer.omega[:, :half]
-    layer.spec = HEDGEHOG
-    layer.feature_map = "hedgehog"
-    layer.load_features_(torch.cat([w, -w], 1))
 
 
 def _fit_hedgehog(term, omega0, stream, steps, lr, dim=0, comm=None, tied=True):
