@@ -162,7 +162,7 @@ def test_embedding_fidelity_math():
 
 
 def test_config_validation_names_the_field():
-    for kw, name in [({"steps": 0}, "steps"), ({"method": "adam"}, "method"),
+    for kw, name in [({"steps": 0}, "steps"), ({"method": "sgd"}, "method"),
                      ({"lam": -1.0}, "lam"), ({"rows_per_sequence": -1}, "rows_per_sequence"),
                      ({"dtype": "half"}, "dtype")]:
         with pytest.raises(ValueError, match=name):

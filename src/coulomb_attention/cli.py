@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("coulomb_attention.commands.convert", "distil a pretrained encoder into particles"),
     "export-hf": ("coulomb_attention.commands.export_hf",
                   "a converted checkpoint as a Hugging Face / sentence-transformers directory"),
+    "ablation": ("coulomb_attention.commands.ablation", "ablation study over arenas + report"),
 }
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "attention": (

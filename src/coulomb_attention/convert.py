@@ -295,8 +295,8 @@ def convert_encoder(
 ) -> dict[str, Any]:
     """Run one conversion into ``out`` (resuming a previous interrupted run there).
 
-    Writes ``out/checkpoint/`` (the converted encoder; not for ``variant="hedgehog"``, whose map
-    is a baseline outside the model's registry), ``out/records.jsonl`` and ``out/result.json``;
+    Writes ``out/checkpoint/`` (the converted encoder; with ``variant="hedgehog"`` its layers
+    name the baseline map, restored on loading), ``out/records.jsonl`` and ``out/result.json``;
     ``out/state/`` holds the per-layer progress while the run is unfinished. Returns the result.
     """
     from .nn.bert import check_vocabulary
@@ -358,11 +358,11 @@ def convert_encoder(
                                     generator=torch.Generator().manual_seed(config.seed),
                                     progress=progress)
             distill_s += refine["time_s"]
-    if config.variant in ("particles", "vanilla"):
+    if config.variant in ("particles", "vanilla", "hedgehog"):
         save_pretrained_encoder(model, out / "checkpoint", vocab_from=directory,
                                 extra={"variant": config.variant, "seed": config.seed,
                                        "distill": dataclasses.asdict(config.distill)
-                                       if config.variant == "particles" else None})
+                                       if config.variant != "vanilla" else None})
     with open(out / "records.jsonl", "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")

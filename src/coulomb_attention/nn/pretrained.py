@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .._validation import check_positive
+from .attention import use_hedgehog_map_
 from .bert import (
     KERNEL_KEY,
     OMEGA_KEY,
@@ -187,12 +188,20 @@ def load_pretrained_encoder(
                   if not (k.startswith("head.") or k.endswith(".omega"))]
     assert not not_loaded, not_loaded  # convert_bert_state_dict checked the mapping
     if use_saved:
+        # layers converted to a baseline map outside the registry (the Hedgehog map,
+        # nn.attention.use_hedgehog_map_): switched to it before their particles are loaded
+        baseline = {int(i): m for i, m in (bert[KERNEL_KEY].get("layer_maps") or {}).items()}
         for i, layer in enumerate(model.attention_layers):
             if not layer.has_features:
                 continue
             if i not in omegas:
                 raise ValueError(f"{directory}: converted checkpoint lacks the particles "
                                  f"{OMEGA_KEY.format(i)}")
+            if baseline.get(i) == "hedgehog":
+                use_hedgehog_map_(layer)
+            elif i in baseline:
+                raise ValueError(f"{directory}: unknown feature map {baseline[i]!r} of layer {i} "
+                                 "(known: hedgehog)")
             try:
                 layer.load_features_(omegas[i])
             except (ValueError, TypeError) as exc:
@@ -208,11 +217,17 @@ def save_pretrained_encoder(model: PretrainedClassifier, directory: str | os.Pat
     """Write ``model``'s encoder (weights, kernel and particles) as a checkpoint directory that
     :func:`load_pretrained_encoder` loads back (``config.json`` + ``model.safetensors`` +
     ``vocab.txt``). ``vocab_from`` defaults to ``model.source``; ``extra`` is stored in the
-    kernel section of ``config.json`` (e.g. how the particles were learned)."""
+    kernel section of ``config.json`` (e.g. how the particles were learned). Layers switched to
+    a baseline map (the Hedgehog map, :func:`coulomb_attention.nn.attention.use_hedgehog_map_`)
+    are named in the kernel section's ``layer_maps`` and switched back on loading."""
     if not model.bert_config:
         raise ValueError("model has no bert_config: load it with load_pretrained_encoder")
     cfg = model.config
     kernel = {"attention": cfg.attention, "n_features": cfg.n_features,
               "share_features": cfg.share_features, **(extra or {})}
+    layer_maps = {str(i): layer.feature_map for i, layer in enumerate(model.attention_layers)
+                  if layer.has_features and layer.feature_map != cfg.attention}
+    if layer_maps:
+        kernel["layer_maps"] = layer_maps
     return save_bert_checkpoint(model.state_dict(), model.bert_config, directory,
                                 vocab_from=vocab_from or model.source or None, kernel=kernel)

@@ -54,7 +54,9 @@ from ..energy import (
     TeacherBatch,
     per_head,
 )
-from ..nn.attention import AttentionFeature
+
+# the Hedgehog map lives with the attention layers (a loaded checkpoint switches to it too)
+from ..nn.attention import HEDGEHOG, hedgehog_features, use_hedgehog_map_  # noqa: F401
 from .capture import layer_inputs
 from .phases import langevin_setup
 
@@ -67,10 +69,11 @@ __all__ = [
     "hedgehog_features",
     "refine_encoder",
     "split_examples",
+    "subsample_trace",
     "use_hedgehog_map_",
 ]
 
-METHODS = ("langevin", "hedgehog")
+METHODS = ("langevin", "hedgehog", "adam")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -85,7 +88,9 @@ class DistillConfig:
     batch_size : int        sequences per step (one cached mini-batch)
     rows_per_sequence : int query rows sampled per sequence (0: every real row)
     steps : int             steps per layer and head group
-    method : str            ``langevin`` (the method) or ``hedgehog`` (baseline, Adam)
+    method : str            ``langevin`` (the method), ``hedgehog`` (baseline, Adam) or ``adam``
+                            (the same omega by Adam on the same loss: no noise, no repulsion,
+                            no ball; the plain-gradient ablation)
     eta, eta_end : float    Langevin step size, cosine schedule eta -> eta_end
     beta : float            inverse temperature (0: infinity, projected gradient descent)
     lam : float             Riesz repulsion strength (0: none)
@@ -95,7 +100,7 @@ class DistillConfig:
     max_drift : float       cap on one particle's drift per step (0: none)
     normalize_drift : bool  scale-free steps (running RMS of the drift)
     output_weight : float   weight of the output MSE in the data term (0: row KL only)
-    lr : float              Adam learning rate of the ``hedgehog`` baseline
+    lr : float              Adam learning rate of the ``hedgehog`` and ``adam`` methods
     dtype : str             float64 (default) or float32 for the data term
     layers : tuple or None  layer indices to convert (None: all with particles)
     refine_steps : int      steps of the joint refinement after the layer-wise distillation
@@ -103,7 +108,7 @@ class DistillConfig:
                             :func:`refine_encoder`; 0: none)
     refine_eta, refine_eta_end : float  its step size (cosine schedule)
     refine_max_drift : float            its cap on one particle's drift per step
-    refine_lr : float       Adam learning rate of the ``hedgehog`` baseline's refinement
+    refine_lr : float       Adam learning rate of the ``hedgehog``/``adam`` refinement
     refine_examples : int   sequences the refinement fits on (the distillation's and further
                             ones; the held-out ones are never among them)
     """
@@ -213,57 +218,52 @@ def capture_teacher_batches(
 # ---------------------------------------------------------------------------- hedgehog
 
 
-def hedgehog_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-    """Hedgehog feature map ``[softmax(u A^T), softmax(u B^T)]`` with ``omega = [A; B]``
-    (M, d), ``M`` even (the baseline ties ``B = -A``). ``u (..., d) -> (..., M)``, float32 or
-    float64."""
-    if omega.shape[0] % 2:
-        raise ValueError(f"the hedgehog map needs an even number of features, got "
-                         f"{omega.shape[0]}")
-    dtype = torch.float64 if torch.float64 in (u.dtype, omega.dtype) else torch.float32
-    u, omega = u.to(dtype), omega.to(dtype)
-    half = omega.shape[0] // 2
-    return torch.cat([torch.softmax(u @ omega[:half].T, -1),
-                      torch.softmax(u @ omega[half:].T, -1)], -1)
-
-
-HEDGEHOG = AttentionFeature("hedgehog", hedgehog_features, "orthogonal",
-                            "learned map inside the exponential (Hedgehog baseline)")
-
-
-def use_hedgehog_map_(layer) -> None:
-    """Switch a :class:`KernelAttention` with particles to the Hedgehog map (omega ``[W; -W]``
-    from the first half of its current omega). The layer then computes linear attention with
-    :func:`hedgehog_features` (a baseline; not saved by ``save_pretrained_encoder``)."""
-    if not layer.has_features or layer.n_features % 2:
-        raise ValueError("the hedgehog baseline needs a layer with an even number of particles")
-    half = layer.n_features // 2
-    w = layer.omega[:, :half]
-    layer.spec = HEDGEHOG
-    layer.feature_map = "hedgehog"
-    layer.load_features_(torch.cat([w, -w], 1))
-
-
-def _fit_hedgehog(term, omega0, stream, steps, lr, dim=0, comm=None):
+def _fit_hedgehog(term, omega0, stream, steps, lr, dim=0, comm=None, tied=True):
     """Adam on ``W`` with ``omega = [W; -W]`` along ``dim`` for ``steps`` steps, one batch of
     ``stream`` per step (the baseline's layer-wise fit, ``dim`` 0 of one group's (M, d), and its
-    refinement, ``dim`` 1 of all groups' (L G, M, d)). Returns ``(omega, trace)``."""
+    refinement, ``dim`` 1 of all groups' (L G, M, d)). ``tied=False``: Adam on ``omega``
+    itself (``method="adam"``, the plain-gradient ablation of the particles). Returns
+    ``(omega, trace)``."""
     half = omega0.shape[dim] // 2
-    w = omega0.narrow(dim, 0, half).clone().requires_grad_(True)
+    w = (omega0.narrow(dim, 0, half) if tied else omega0).clone().requires_grad_(True)
     opt = torch.optim.Adam([w], lr=lr)
     trace = []
     for _ in range(steps):
         wd = w.detach()
-        value, grad, info = term.value_and_grad(torch.cat([wd, -wd], dim), [next(stream)], comm)
+        value, grad, info = term.value_and_grad(torch.cat([wd, -wd], dim) if tied else wd,
+                                                [next(stream)], comm)
         opt.zero_grad()
-        w.grad = grad.narrow(dim, 0, half) - grad.narrow(dim, half, half)
+        w.grad = (grad.narrow(dim, 0, half) - grad.narrow(dim, half, half) if tied
+                  else grad.to(w.dtype))
         opt.step()
         trace.append({"energy": float(value), **info})
     wd = w.detach()
-    return torch.cat([wd, -wd], dim), trace
+    return (torch.cat([wd, -wd], dim) if tied else wd), trace
 
 
 # ---------------------------------------------------------------------------- distillation
+
+
+def subsample_trace(trace: list[dict], n: int) -> list[dict]:
+    """At most ``n`` entries of a run's per-step ``trace``, evenly spaced (first and last kept),
+    each ``{step, energy, kl, repulsion}`` (``kl``: the data term's row KL or ``1 - cos`` of
+    the refinement, None when absent; ``repulsion`` 0.0 without a potential)."""
+    if n <= 0 or not trace:
+        return []
+    k = min(n, len(trace))
+    idx = sorted({round(i * (len(trace) - 1) / max(k - 1, 1)) for i in range(k)})
+
+    def num(x):
+        return None if x is None else float(x)
+
+    out = []
+    for i in idx:
+        t = trace[i]
+        data = t.get("kl", None if "cos" not in t else 1.0 - t["cos"])
+        rep = t.get("repulsion", 0.0)
+        out.append({"step": i, "energy": float(t["energy"]), "kl": num(data),
+                    "repulsion": 0.0 if rep != rep else float(rep)})  # NaN: not computed
+    return out
 
 
 def _evaluate(term, omega, batches, comm):
@@ -297,6 +297,7 @@ def distill_attention(
     comm=None,
     on_layer_done: Callable[[int, list[dict], torch.Tensor], None] | None = None,
     resume: dict[str, Any] | None = None,
+    keep_trace: int = 0,
 ) -> list[dict[str, Any]]:
     """Convert the model's attention layers in place, in order, by attention distillation.
 
@@ -318,6 +319,8 @@ def distill_attention(
         (a checkpoint hook: save the model's omega, the records and the state)
     resume : ``{"next_layer", "records", "generator_state"}`` from ``on_layer_done``: continue
         with layer ``next_layer`` (the model must already hold the converted earlier layers)
+    keep_trace : when > 0, each record also holds ``trace``: at most this many steps of its
+        run (:func:`subsample_trace`)
 
     Returns
     -------
@@ -405,12 +408,20 @@ def distill_attention(
             new_omega = run.omega.reshape(omega_all.shape).to(dtype)
             traces = [run.trace] * groups
         else:
-            for g in range(groups):
-                order = torch.randperm(len(fit_g[g]), generator=generator).tolist()
-                omega, trace = _fit_hedgehog(term, omega_all[g], cycle(fit_g[g], order),
-                                             config.steps, config.lr)
-                new_omega[g] = omega
-                traces.append(trace)
+            # Adam (hedgehog's tied W, or omega itself with method="adam"): all head groups in
+            # one run too; the data term is the mean of the per-group terms, and Adam's steps
+            # are invariant to that 1/G scale, so each group moves as in its own Adam run
+            grouped = groups > 1
+            term_all = TeacherAttention(per_head(layer.feature) if grouped else layer.feature,
+                                        output_weight=config.output_weight, dtype=dtype)
+            batches = fit_b if grouped else fit_g[0]
+            order = torch.randperm(len(batches), generator=generator).tolist()
+            omega, trace = _fit_hedgehog(term_all, omega_all if grouped else omega_all[0],
+                                         cycle(batches, order), config.steps, config.lr,
+                                         dim=1 if grouped else 0,
+                                         tied=config.method == "hedgehog")
+            new_omega = omega.reshape(omega_all.shape).to(dtype)
+            traces = [trace] * groups
         layer_records = []
         for g, heads in enumerate(parts):
             omega0, omega = omega_all[g], new_omega[g]
@@ -428,6 +439,8 @@ def distill_attention(
                 "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
                 "n_fit": n_fit, "n_holdout": n_hold, "steps": config.steps,
             })
+            if keep_trace:
+                layer_records[-1]["trace"] = subsample_trace(traces[g], keep_trace)
         layer.load_features_(new_omega.to(layer.omega.dtype))
         elapsed = time.perf_counter() - t0
         for r in layer_records:
@@ -503,6 +516,7 @@ def refine_encoder(
     generator: torch.Generator,
     progress: bool = False,
     comm=None,
+    keep_trace: int = 0,
 ) -> dict[str, Any]:
     """Joint refinement: move the particles of all converted layers together so the converted
     encoder's sentence embeddings match the teacher's.
@@ -524,7 +538,7 @@ def refine_encoder(
     fit cosine 0.985 vs held-out 0.961 after 100 steps). Returns a record: ``stage``
     "refine", ``cos_before``/``cos_after`` (on the distillation's fit sequences),
     ``holdout_cos_before``/``..._after``, ``energy_first``/``energy_last``, ``omega_shift``,
-    ``steps``, ``time_s``.
+    ``steps``, ``time_s`` (and ``trace``, at most ``keep_trace`` steps, when > 0).
     """
     if not isinstance(config, DistillConfig):
         raise TypeError(f"config must be a DistillConfig, got {type(config).__name__}")
@@ -558,9 +572,10 @@ def refine_encoder(
 
     before = (cos(omega0, fit_b), cos(omega0, hold_b))
     order = torch.randperm(len(train_b), generator=generator).tolist()
-    if config.method == "hedgehog":
+    if config.method in ("hedgehog", "adam"):
         omega, trace = _fit_hedgehog(term, omega0, cycle(train_b, order), config.refine_steps,
-                                     config.refine_lr, dim=1, comm=comm)
+                                     config.refine_lr, dim=1, comm=comm,
+                                     tied=config.method == "hedgehog")
     else:
         potential, projection, schedule = langevin_setup(dataclasses.replace(
             config, steps=config.refine_steps, eta=config.refine_eta,
@@ -584,6 +599,8 @@ def refine_encoder(
         "steps": config.refine_steps,
         "time_s": time.perf_counter() - t0,
     }
+    if keep_trace:
+        record["trace"] = subsample_trace(trace, keep_trace)
     if progress:
         msg = f"  refine: embedding cosine {before[0]:.4f} -> {after[0]:.4f}"
         if hold_b:

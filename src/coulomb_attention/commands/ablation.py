@@ -1,0 +1,52 @@
+"""``coulomb-attention ablation``: the ablation study over arenas, resumable, then its report.
+
+::
+
+    coulomb-attention ablation --arena synthetic mqar convert [--quick] [--seeds 0 1 2 3 4] \\
+        [--features 8 16 32 64 128] [--variants fixed gradient ...] [--out runs/ablation]
+
+Records go to ``OUT/records.jsonl`` (runs already there are skipped), the report to
+``OUT/report.md`` and ``OUT/*.png``. Lists are space-separated; commas are accepted too
+(``--seeds 0,1,2``; ``commands._args``). ``--quick`` picks small defaults and never
+overrides an explicit flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ._args import list_arg
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    list_arg(p, "--arena", default=None, metavar="ARENA", help="synthetic, mqar and/or convert")
+    p.add_argument("--quick", action="store_true",
+                   help="small plans (a few minutes per arena); explicit flags still win")
+    list_arg(p, "--seeds", type=int, default=None, metavar="SEED",
+             help="default 0 1 2 3 4 (quick: 0 1)")
+    list_arg(p, "--features", type=int, default=None, metavar="M",
+             help="feature counts (default: each arena's own; full 8 16 32 64 128)")
+    list_arg(p, "--variants", default=None, metavar="VARIANT",
+             help="only these variants (default: all the arena plans)")
+    p.add_argument("--out", default="runs/ablation")
+    p.add_argument("--data-dir", default=None, help="datasets folder (convert arena)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the report from OUT/records.jsonl without running")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..reports.ablation import write_ablation_report
+    from ..studies.ablation import run_study
+
+    if not args.report_only:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
+        counts = run_study(args.arena or [], args.out, quick=args.quick, seeds=args.seeds,
+                           features=args.features, variants=args.variants,
+                           data_dir=args.data_dir)
+        print(f"ablation: {counts['ran']} run(s), {counts['skipped']} already done, "
+              f"records in {counts['records']}")
+    print(f"wrote {write_ablation_report(args.out)}")
+    return 0

@@ -1,0 +1,235 @@
+"""Report of the ablation study, from ``records.jsonl`` only (never re-running anything).
+
+For every arena and setting: the mean score per variant label (variant and params) and M with
+its 95% t-interval over seeds; the paired differences (by seed) of every label against the
+references ``gradient``, ``fixed``, ``langevin`` (coulomb - langevin: the repulsion alone) and
+``hedgehog`` (those the arena has), with 95% t-intervals
+(:func:`coulomb_attention.stats.paired_difference`); one verdict line per
+(setting, M, Coulomb label): "Coulomb beats gradient at M=..: yes/no [interval]" ("yes" when the
+whole interval is above 0); the means of the particle diagnostics; and the plots
+``ablation_<arena>_score.png`` (score vs M per label, one panel per setting) and
+``ablation_<arena>_energy.png`` (mean energy trace over seeds per label at the largest M).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from ..results import atomic_write_text, read_jsonl
+from ..stats import mean_interval, paired_difference
+from . import pyplot
+
+__all__ = [
+    "DIAGNOSTICS",
+    "REFERENCES",
+    "diagnostics_table",
+    "label",
+    "paired_differences",
+    "score_table",
+    "verdicts",
+    "write_ablation_report",
+]
+
+REFERENCES = ("gradient", "fixed", "langevin", "hedgehog")
+DIAGNOSTICS = ("nn_min", "nn_median", "collapsed_share", "effective_rank")
+
+
+def label(record: dict[str, Any]) -> str:
+    """``variant`` or ``variant(k=v, ...)`` with the params sorted by name."""
+    params = record.get("params") or {}
+    if not params:
+        return str(record["variant"])
+    inner = ", ".join(f"{k}={v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool)
+                      else f"{k}={v}" for k, v in sorted(params.items()))
+    return f"{record['variant']}({inner})"
+
+
+def _fmt(x: float, fmt: str = "+.4f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _interval(mean: float, low: float, high: float, sign: str = "+") -> str:
+    f = f"{sign}.4f"
+    if math.isnan(low):
+        return _fmt(mean, f)
+    return f"{_fmt(mean, f)} [{_fmt(low, f)}, {_fmt(high, f)}]"
+
+
+def _cells(records):
+    """``{(arena, setting): {label: {M: {seed: record}}}}`` (a later record of a key wins)."""
+    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
+    for r in records:
+        out[(r["arena"], r["setting"])][label(r)][int(r["M"])][int(r["seed"])] = r
+    return out
+
+
+def _variant_order(lab: str) -> tuple:
+    order = ["fixed", "gradient", "langevin", "coulomb", "weighted", "importance", "hedgehog"]
+    base = lab.split("(")[0]
+    return (order.index(base) if base in order else len(order), lab)
+
+
+def score_table(records: list[dict[str, Any]]) -> str:
+    """Markdown: per arena and setting, mean score +- t half-width (seeds) per label and M."""
+    lines = []
+    for (arena, setting), labels in sorted(_cells(records).items()):
+        ms = sorted({m for per in labels.values() for m in per})
+        metric = next(iter(next(iter(labels.values())).values()))
+        metric = next(iter(metric.values()))["metric"]
+        lines += [f"### {arena} / {setting} ({metric}, held out)", "",
+                  "| variant | " + " | ".join(f"M = {m}" for m in ms) + " |",
+                  "|---|" + "---|" * len(ms)]
+        for lab in sorted(labels, key=_variant_order):
+            cells = []
+            for m in ms:
+                runs = labels[lab].get(m, {})
+                if not runs:
+                    cells.append("")
+                    continue
+                mean, lo, hi, n = mean_interval([r["score"] for r in runs.values()])
+                half = "" if math.isnan(lo) else f" +- {(hi - lo) / 2:.4f}"
+                cells.append(f"{mean:.4f}{half} ({n})")
+            lines.append(f"| {lab} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def paired_differences(records: list[dict[str, Any]],
+                       references: tuple[str, ...] = REFERENCES) -> list[dict[str, Any]]:
+    """Every label minus every reference label (variant in ``references``) of the same arena,
+    setting and M, paired by seed over the seeds both have: rows ``arena, setting, M, label,
+    reference, mean, low, high, n, seeds``."""
+    rows = []
+    for (arena, setting), labels in sorted(_cells(records).items()):
+        refs = [lab for lab in labels if lab.split("(")[0] in references]
+        for ref in sorted(refs, key=_variant_order):
+            for lab in sorted(labels, key=_variant_order):
+                if lab == ref:
+                    continue
+                for m in sorted(set(labels[lab]) & set(labels[ref])):
+                    a, b = labels[lab][m], labels[ref][m]
+                    seeds = sorted(set(a) & set(b))
+                    if not seeds:
+                        continue
+                    mean, lo, hi, n = paired_difference([a[s]["score"] for s in seeds],
+                                                        [b[s]["score"] for s in seeds])
+                    rows.append({"arena": arena, "setting": setting, "M": m, "label": lab,
+                                 "reference": ref, "mean": mean, "low": lo, "high": hi,
+                                 "n": n, "seeds": seeds})
+    return rows
+
+
+def verdicts(records: list[dict[str, Any]]) -> list[str]:
+    """One line per arena, setting, M and Coulomb label: whether it beats ``gradient`` (the
+    paired 95% interval entirely above 0)."""
+    out = []
+    for row in paired_differences(records, ("gradient",)):
+        if row["label"].split("(")[0] != "coulomb" or row["reference"].split("(")[0] != "gradient":
+            continue
+        yes = not math.isnan(row["low"]) and row["low"] > 0
+        out.append(f"{row['arena']}: Coulomb beats gradient at M={row['M']}: "
+                   f"{'yes' if yes else 'no'} "
+                   f"{_interval(row['mean'], row['low'], row['high'])} "
+                   f"({row['setting']}, {row['label']} - {row['reference']}, "
+                   f"{row['n']} seeds)")
+    return out
+
+
+def diagnostics_table(records: list[dict[str, Any]]) -> str:
+    """Markdown: per arena, setting, M and label, the mean over seeds of each diagnostic."""
+    lines = ["| arena | setting | M | variant | " + " | ".join(DIAGNOSTICS) + " |",
+             "|---|---|---|---|" + "---|" * len(DIAGNOSTICS)]
+    for (arena, setting), labels in sorted(_cells(records).items()):
+        for lab in sorted(labels, key=_variant_order):
+            for m in sorted(labels[lab]):
+                runs = list(labels[lab][m].values())
+                cells = []
+                for key in DIAGNOSTICS:
+                    vals = [float(r["diagnostics"][key]) for r in runs
+                            if (r.get("diagnostics") or {}).get(key) is not None]
+                    cells.append(f"{sum(vals) / len(vals):.4g}" if vals else "")
+                lines.append(f"| {arena} | {setting} | {m} | {lab} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot_scores(records, arena: str, path: Path) -> None:
+    plt = pyplot()
+    cells = {k: v for k, v in _cells(records).items() if k[0] == arena}
+    fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 3.4), squeeze=False)
+    for ax, ((_, setting), labels) in zip(axes[0], sorted(cells.items()), strict=True):
+        for lab in sorted(labels, key=_variant_order):
+            ms = sorted(labels[lab])
+            stats = [mean_interval([r["score"] for r in labels[lab][m].values()]) for m in ms]
+            err = [0.0 if math.isnan(s[1]) else (s[2] - s[1]) / 2 for s in stats]
+            ax.errorbar(ms, [s[0] for s in stats], yerr=err, marker="o", capsize=3, label=lab)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("M (features)")
+        ax.set_title(f"{arena} / {setting}")
+    axes[0][0].set_ylabel("held-out score")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_energy(records, arena: str, path: Path) -> bool:
+    cells = {k: v for k, v in _cells(records).items() if k[0] == arena}
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 3.4), squeeze=False)
+    drawn = False
+    for ax, ((_, setting), labels) in zip(axes[0], sorted(cells.items()), strict=True):
+        for lab in sorted(labels, key=_variant_order):
+            m = max(labels[lab])
+            sums: dict[int, list[float]] = defaultdict(list)
+            for r in labels[lab][m].values():
+                for t in r.get("energy_trace") or []:
+                    sums[int(t["step"])].append(float(t["energy"]))
+            if not sums:
+                continue
+            steps = sorted(sums)
+            ax.plot(steps, [sum(sums[s]) / len(sums[s]) for s in steps], label=f"{lab} M={m}")
+            drawn = True
+        ax.set_xlabel("step")
+        ax.set_title(f"{arena} / {setting}")
+    axes[0][0].set_ylabel("energy (mean over seeds)")
+    if drawn:
+        axes[0][-1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return drawn
+
+
+def write_ablation_report(out: str | Path, plots: bool = True) -> Path:
+    """Write ``out/report.md`` (and the plots) from ``out/records.jsonl``; returns its path."""
+    out = Path(out)
+    records = read_jsonl(out / "records.jsonl")
+    if not records:
+        raise ValueError(f"{out / 'records.jsonl'} holds no records")
+    lines = ["# Ablation study", "",
+             f"{len(records)} runs from `records.jsonl`; scores on held-out data, higher is "
+             "better; intervals are 95% t-intervals over seeds.", "", "## Verdicts", ""]
+    lines += [f"- {v}" for v in verdicts(records)] or ["- (no coulomb/gradient pair)"]
+    lines += ["", "## Scores", "", score_table(records), "## Paired differences", "",
+              "Each label minus the reference, paired by seed: mean [95% t-interval] (seeds).",
+              "", "| arena | setting | M | variant | reference | difference | n |",
+              "|---|---|---|---|---|---|---|"]
+    for r in paired_differences(records):
+        lines.append(f"| {r['arena']} | {r['setting']} | {r['M']} | {r['label']} | "
+                     f"{r['reference']} | {_interval(r['mean'], r['low'], r['high'])} | "
+                     f"{r['n']} |")
+    lines += ["", "## Diagnostics (means over seeds)", "", diagnostics_table(records)]
+    if plots:
+        lines += ["## Plots", ""]
+        for arena in sorted({r["arena"] for r in records}):
+            _plot_scores(records, arena, out / f"ablation_{arena}_score.png")
+            lines.append(f"![{arena} scores](ablation_{arena}_score.png)")
+            if _plot_energy(records, arena, out / f"ablation_{arena}_energy.png"):
+                lines.append(f"![{arena} energy](ablation_{arena}_energy.png)")
+        lines.append("")
+    path = out / "report.md"
+    atomic_write_text(path, "\n".join(lines))
+    return path
