@@ -10,6 +10,7 @@ import torch
 
 from coulomb_attention.convert import ConvertConfig, convert_encoder, embedding_fidelity
 from coulomb_attention.energy import TeacherAttention
+from coulomb_attention.features import hedgehog_features
 from coulomb_attention.nn.pretrained import (
     load_pretrained_encoder,
     load_pretrained_tokenizer,
@@ -19,7 +20,6 @@ from coulomb_attention.train.distill import (
     DistillConfig,
     capture_teacher_batches,
     distill_attention,
-    hedgehog_features,
 )
 from test_pretrained import TINY, write_tiny_bert
 

@@ -33,6 +33,7 @@ __all__ = [
     "get_feature_map",
     "feature_fn",
     "draw_bias",
+    "hedgehog_features",
 ]
 
 
@@ -128,3 +129,17 @@ def feature_fn(name: str, bias: torch.Tensor | None = None) -> Callable:
             raise ValueError("feature map 'rff' needs a bias (see draw_bias)")
         return lambda x, omega: fn(x, omega, bias)
     return fn
+
+
+def hedgehog_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """Hedgehog feature map (Zhang et al. 2024; the conversion and recall baseline)
+    ``[softmax(u A^T), softmax(u B^T)]`` with ``omega = [A; B]`` (M, d), ``M`` even (the
+    baseline ties ``B = -A``). ``u (..., d) -> (..., M)``, float32 or float64."""
+    if omega.shape[0] % 2:
+        raise ValueError(f"the hedgehog map needs an even number of features, got "
+                         f"{omega.shape[0]}")
+    dtype = torch.float64 if torch.float64 in (u.dtype, omega.dtype) else torch.float32
+    u, omega = u.to(dtype), omega.to(dtype)
+    half = omega.shape[0] // 2
+    return torch.cat([torch.softmax(u @ omega[:half].T, -1),
+                      torch.softmax(u @ omega[half:].T, -1)], -1)

@@ -21,7 +21,7 @@ from .._validation import check_choice, check_positive, torch_generator
 from . import functional as AF
 
 __all__ = ["ATTENTION_FEATURES", "HEDGEHOG", "AttentionFeature", "KernelAttention",
-           "hedgehog_features", "use_hedgehog_map_"]
+           "use_hedgehog_map_"]
 
 
 def _elu_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
@@ -350,30 +350,16 @@ def _sdpa(q, k, v, mask, causal=False):
 # ---------------------------------------------------------------------------- hedgehog
 
 
-def hedgehog_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-    """Hedgehog feature map ``[softmax(u A^T), softmax(u B^T)]`` with ``omega = [A; B]``
-    (M, d), ``M`` even (the baseline ties ``B = -A``). ``u (..., d) -> (..., M)``, float32 or
-    float64."""
-    if omega.shape[0] % 2:
-        raise ValueError(f"the hedgehog map needs an even number of features, got "
-                         f"{omega.shape[0]}")
-    dtype = torch.float64 if torch.float64 in (u.dtype, omega.dtype) else torch.float32
-    u, omega = u.to(dtype), omega.to(dtype)
-    half = omega.shape[0] // 2
-    return torch.cat([torch.softmax(u @ omega[:half].T, -1),
-                      torch.softmax(u @ omega[half:].T, -1)], -1)
-
-
-HEDGEHOG = AttentionFeature("hedgehog", hedgehog_features, "orthogonal",
+HEDGEHOG = AttentionFeature("hedgehog", features.hedgehog_features, "orthogonal",
                             "learned map inside the exponential (Hedgehog baseline)")
 
 
 def use_hedgehog_map_(layer) -> None:
     """Switch a :class:`KernelAttention` with particles to the Hedgehog map (omega ``[W; -W]``
     from the first half of its current omega). The layer then computes linear attention with
-    :func:`hedgehog_features` (a baseline outside :data:`ATTENTION_FEATURES`;
-    ``save_pretrained_encoder`` names it in the checkpoint and ``load_pretrained_encoder``
-    switches back to it)."""
+    :func:`~coulomb_attention.features.maps.hedgehog_features` (a baseline outside
+    :data:`ATTENTION_FEATURES`; ``save_pretrained_encoder`` names it in the checkpoint and
+    ``load_pretrained_encoder`` switches back to it)."""
     if not layer.has_features or layer.n_features % 2:
         raise ValueError("the hedgehog baseline needs a layer with an even number of particles")
     half = layer.n_features // 2

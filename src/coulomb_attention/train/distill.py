@@ -56,7 +56,7 @@ from ..energy import (
 )
 
 # the Hedgehog map lives with the attention layers (a loaded checkpoint switches to it too)
-from ..nn.attention import HEDGEHOG, hedgehog_features, use_hedgehog_map_  # noqa: F401
+from ..nn.attention import use_hedgehog_map_
 from .capture import layer_inputs
 from .phases import langevin_setup
 
@@ -66,11 +66,9 @@ __all__ = [
     "align_to_softmax",
     "capture_teacher_batches",
     "distill_attention",
-    "hedgehog_features",
     "refine_encoder",
     "split_examples",
     "subsample_trace",
-    "use_hedgehog_map_",
 ]
 
 METHODS = ("langevin", "hedgehog", "adam")

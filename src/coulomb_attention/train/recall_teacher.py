@@ -46,8 +46,9 @@ from ..data.mqar import MQARData
 from ..dynamics import cycle, learn_particles
 from ..dynamics.diagnostics import particle_diagnostics
 from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, per_head
+from ..nn.attention import use_hedgehog_map_
 from .capture import layer_inputs
-from .distill import _fit_hedgehog, use_hedgehog_map_
+from .distill import _fit_hedgehog
 from .phases import langevin_setup
 
 __all__ = ["FIT_METHODS", "OBJECTIVES", "RecallFitConfig", "fit_recall_omega",
