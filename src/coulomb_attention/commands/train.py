@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # torch and the pipeline are imported in run(): --help prints
 __all__ = ["COMMON_FLAGS", "DEFAULTS", "add_arguments", "add_common_arguments", "build_config",
            "run", "setup_runtime"]
 
-# for --help without importing the pipeline (tests/test_cli_help.py checks them against it)
+# for --help without importing the pipeline (tests/commands/test_help_and_args.py checks them against it)
 ATTENTIONS = ("elu", "favor", "none", "porf_softplus", "softmax", "softmax_feat")
 OBJECTIVES = ("labels", "teacher")
 
@@ -74,7 +74,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # flag -> (scratch default, pretrained-encoder default) of the run config, for --help only;
-# tests/test_cli_help.py checks them against make_run_config
+# tests/commands/test_help_and_args.py checks them against make_run_config
 DEFAULTS: dict[str, tuple[Any, Any]] = {
     "encoder": ("scratch", "minilm"), "objective": ("labels", "labels"), "epochs": (2, 1),
     "warmup_epochs": (1, 0), "batch_size": (64, 32), "lr": (0.001, 0.0001), "dim": (128, 128),

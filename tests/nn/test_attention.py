@@ -769,7 +769,7 @@ def test_causal_favor_gradients_stay_finite_where_a_row_normaliser_is_denormal(m
 
     from coulomb_attention.nn.ops import causal as CA
 
-    t = load_file(str(Path(__file__).parent / "data" / "causal_favor_denormal_row.safetensors"))
+    t = load_file(str(Path(__file__).parents[1] / "data" / "causal_favor_denormal_row.safetensors"))
 
     def grads():
         q, k, v = (t[x].clone().requires_grad_() for x in "qkv")

@@ -1,7 +1,7 @@
 """Data-parallel training equals one process (CPU, gloo, 2 processes launched by torchrun).
 
 One torchrun launch (module fixture) runs every distributed case of this file in script mode
-(``python -m torch.distributed.run --standalone --nproc-per-node=2 tests/test_distributed.py
+(``python -m torch.distributed.run --standalone --nproc-per-node=2 tests/train/test_distributed.py
 OUT``); each rank saves its results, and the tests compare them with the same computation done
 here in one process. The launch has a timeout, so a hung collective cannot hang CI.
 """

@@ -175,7 +175,7 @@ def test_real_data_counts_and_qqp_fallback():
 def test_samples_are_reproducible_and_verbatim(tmp_path):
     import importlib.util
 
-    script = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "make_samples.py"
+    script = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "make_samples.py"
     spec = importlib.util.spec_from_file_location("make_samples", script)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
