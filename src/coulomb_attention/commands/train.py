@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # torch and the pipeline are imported in run(): --help prints
 __all__ = ["COMMON_FLAGS", "DEFAULTS", "add_arguments", "add_common_arguments", "build_config",
            "run", "setup_runtime"]
 
-# for --help without importing the pipeline (tests/commands/test_help_and_args.py checks them against it)
+# for --help without importing the pipeline (tests/commands/test_help_and_args.py checks them)
 ATTENTIONS = ("elu", "favor", "none", "porf_softplus", "softmax", "softmax_feat")
 OBJECTIVES = ("labels", "teacher")
 
