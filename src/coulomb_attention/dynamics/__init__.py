@@ -2,6 +2,7 @@
 weighted (Wasserstein-Fisher-Rao) particles and the projected-Adam ablation."""
 
 from .adam import AdamState, projected_adam
+from .config import ParticleConfig
 from .driver import (
     METHODS,
     DriftNormalizer,
@@ -31,6 +32,7 @@ from .weighted import (
 __all__ = [
     "AdamState",
     "METHODS",
+    "ParticleConfig",
     "Reaction",
     "ReactionNormalizer",
     "WeightedState",

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from .._validation import check_choice, check_nonnegative, check_positive
-from ..dynamics import cycle, learn_particles
+from ..dynamics import ParticleConfig, cycle, learn_particles
 from ..energy import (
     POTENTIALS,
     EmbeddingTeacher,
@@ -76,8 +76,10 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
-class DistillConfig:
-    """Hyper-parameters of attention distillation (one run over all layers).
+class DistillConfig(ParticleConfig):
+    """Hyper-parameters of attention distillation (one run over all layers): the particle
+    system's (:class:`~coulomb_attention.dynamics.ParticleConfig`) with this stage's defaults,
+    and what is the distillation's own.
 
     Attributes
     ----------
@@ -139,7 +141,8 @@ class DistillConfig:
     refine_examples: int = 4096
 
     def __post_init__(self) -> None:
-        for name in ("n_examples", "batch_size", "steps", "refine_examples"):
+        super().__post_init__()
+        for name in ("n_examples", "batch_size", "refine_examples"):
             check_positive(name, getattr(self, name), integer=True)
         for name in ("holdout", "rows_per_sequence", "refine_steps"):
             value = getattr(self, name)
@@ -148,10 +151,9 @@ class DistillConfig:
         check_choice("method", self.method, METHODS)
         check_choice("potential", self.potential, POTENTIALS)
         check_choice("dtype", self.dtype, DTYPES)
-        for name in ("eta", "eta_end", "radius", "eps", "lr", "refine_eta", "refine_eta_end",
-                     "refine_lr"):
+        for name in ("lr", "refine_eta", "refine_eta_end", "refine_lr"):
             check_positive(name, getattr(self, name))
-        for name in ("beta", "lam", "max_drift", "s", "output_weight", "refine_max_drift"):
+        for name in ("output_weight", "refine_max_drift"):
             check_nonnegative(name, getattr(self, name))
         if self.layers is not None:
             layers = tuple(self.layers)

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .._validation import check_choice, check_nonnegative, check_positive
-from ..dynamics import LangevinSchedule, cycle, learn_particles, make_projection
+from ..dynamics import ParticleConfig, cycle, learn_particles
 from ..energy import (
     POTENTIALS,
     AlignmentStats,
@@ -48,22 +47,17 @@ __all__ = ["AlignConfig", "align_features", "collect_queries", "langevin_setup",
 
 
 @dataclass(frozen=True)
-class AlignConfig:
-    """Phase A (alignment) hyper-parameters.
+class AlignConfig(ParticleConfig):
+    """Phase A (alignment) hyper-parameters: the particle system's
+    (:class:`~coulomb_attention.dynamics.ParticleConfig`: ``steps``, ``eta``, ``eta_end``,
+    ``beta``, ``lam``, ``potential``, ``s``, ``eps``, ``radius``, ``max_drift``) with this
+    phase's defaults, and its data.
 
     Attributes
     ----------
     n_examples : int         training examples whose query representations are cached
     holdout : int            further training examples, only to measure the alignment
     batch_size : int         examples per Langevin step (one cached mini-batch)
-    steps : int              Langevin steps per layer (and head group)
-    eta, eta_end : float     step size; with ``eta_end`` a cosine schedule eta -> eta_end
-    beta : float             inverse temperature (0 means infinity: projected gradient descent)
-    lam : float              repulsion strength lambda (0: no repulsion)
-    potential : str          riesz, coulomb or log
-    s, eps : float           Riesz exponent and softening
-    radius : float           projection ball radius, in units of sqrt(head_dim)
-    max_drift : float        cap on one particle's drift per step (0: none)
     center : bool            centered alignment
     """
 
@@ -83,31 +77,24 @@ class AlignConfig:
     center: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("n_examples", "batch_size", "steps"):
+        super().__post_init__()
+        for name in ("n_examples", "batch_size"):
             check_positive(name, getattr(self, name), integer=True)
         check_nonnegative("holdout", self.holdout)
-        for name in ("eta", "eta_end", "radius", "eps"):
-            check_positive(name, getattr(self, name))
-        for name in ("beta", "lam", "max_drift", "s"):
-            check_nonnegative(name, getattr(self, name))
         check_choice("potential", self.potential, POTENTIALS)
 
 
-def langevin_setup(config, dh: int):
+def langevin_setup(config: ParticleConfig, dh: int):
     """The particle system a phase-A config describes, for head dimension ``dh``.
 
-    ``config`` is an :class:`AlignConfig` or any config with the same Langevin fields
-    (``DistillConfig``): returns ``(potential, projection, schedule)``, the pair potential
-    (None when ``lam == 0``), the ball of radius ``radius * sqrt(dh)`` and the cosine step-size
-    schedule ``eta -> eta_end`` over ``steps``.
+    ``config`` is a :class:`~coulomb_attention.dynamics.ParticleConfig` (``AlignConfig``,
+    ``DistillConfig``, ``FitConfig``): returns ``(potential, projection, schedule)``, the pair
+    potential (None when ``lam == 0``), the ball of radius ``radius * sqrt(dh)`` and the cosine
+    step-size schedule ``eta -> eta_end`` over ``steps``.
     """
     potential = (make_potential(config.potential, s=config.s, eps=config.eps, dim=dh)
                  if config.lam > 0 else None)
-    projection = make_projection("ball", config.radius * math.sqrt(dh))
-    schedule = LangevinSchedule(steps=config.steps, eta=config.eta, eta_end=config.eta_end,
-                                eta_schedule="cosine", beta=config.beta,
-                                max_drift=config.max_drift or None)
-    return potential, projection, schedule
+    return potential, config.projection(dh), config.schedule()
 
 
 def collect_queries(

@@ -41,9 +41,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._validation import check_choice, check_nonnegative, check_positive
+from .._validation import check_choice, check_positive
 from ..data.mqar import MQARData
-from ..dynamics import cycle, learn_particles
+from ..dynamics import ParticleConfig, cycle, learn_particles
 from ..dynamics.diagnostics import particle_diagnostics
 from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, per_head
 from ..nn.attention import use_hedgehog_map_
@@ -60,8 +60,10 @@ TRACE_POINTS = 50
 
 
 @dataclass(frozen=True)
-class RecallFitConfig:
-    """Fitting omega to target rows (the teacher route's phase A).
+class RecallFitConfig(ParticleConfig):
+    """Fitting omega to target rows (the teacher route's phase A): the particle system's
+    hyper-parameters (:class:`~coulomb_attention.dynamics.ParticleConfig`; ``radius`` applies
+    to every method) with this fit's defaults, and its own.
 
     Attributes
     ----------
@@ -69,14 +71,6 @@ class RecallFitConfig:
     n_examples : int         training sequences the rows come from (the first ones)
     holdout : int            further sequences (not trained on), to measure the row KL
     batch_size : int         sequences per step (one cached mini-batch)
-    steps : int
-    eta, eta_end : float     Langevin step size, cosine schedule
-    beta : float             inverse temperature (0: infinity)
-    lam : float              Riesz repulsion strength (0: none)
-    potential : str          riesz, coulomb or log
-    s, eps : float           Riesz exponent and softening
-    radius : float           ball radius in units of sqrt(head_dim) (every method)
-    max_drift : float        cap on one particle's drift per step (0: none)
     normalize_drift : bool   scale-free Langevin steps
     lr : float               Adam learning rate (adam, hedgehog)
     """
@@ -99,14 +93,12 @@ class RecallFitConfig:
     lr: float = 0.03
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_choice("method", self.method, FIT_METHODS)
         check_choice("potential", self.potential, POTENTIALS)
-        for name in ("n_examples", "holdout", "batch_size", "steps"):
+        for name in ("n_examples", "holdout", "batch_size"):
             check_positive(name, getattr(self, name), integer=True)
-        for name in ("eta", "eta_end", "radius", "eps", "lr"):
-            check_positive(name, getattr(self, name))
-        for name in ("beta", "lam", "max_drift", "s"):
-            check_nonnegative(name, getattr(self, name))
+        check_positive("lr", self.lr)
 
 
 @torch.no_grad()
