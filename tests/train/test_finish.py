@@ -162,3 +162,26 @@ def test_cli_lora_flag_errors_exit_2(tiny_dir, tmp_path, capsys):
         rc = main([*base, *argv])
         err = capsys.readouterr().err.strip()
         assert rc == 2 and msg in err and "\n" not in err, (argv, err)
+
+
+def test_cli_lora_run_reports_both_rows(tiny_dir, tmp_path):
+    import json
+
+    from coulomb_attention.cli import main
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / "cli"
+    rc = main(["convert", "--encoder", str(tiny_dir), "--n-features", "4", "--sentences",
+               str(sent), "--n-sentences", "9", "--holdout", "3", "--steps", "2",
+               "--batch-size", "3", "--max-length", "16", "--eval-sentences", "8",
+               "--refine-steps", "3", "--probe-tasks", "--lora-rank", "2", "--lora-steps", "3",
+               "--out", str(out), "--no-progress"])
+    assert rc == 0
+    res = json.loads((out / "result.json").read_text())
+    assert res["config"]["finish"]["rank"] == 2 and res["lowrank"]["finish"]["steps"] == 3
+    assert res["lowrank"]["fidelity"] != res["fidelity"]
+    report = (out / "report.md").read_text()
+    assert "## Low-rank finishing" in report and "| low-rank finished (rank 2) |" in report
+    assert "| pure linear (layer-wise + refinement) | particles |" in report, report
+    assert (out / "lowrank" / "checkpoint" / "model.safetensors").is_file()
