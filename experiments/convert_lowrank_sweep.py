@@ -12,6 +12,7 @@ evaluation sentences of ``convert`` (``fidelity``). One JSON line per setting.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -37,12 +38,14 @@ def main() -> None:
     p.add_argument("--lrs", type=float, nargs="+", default=[2e-3])
     p.add_argument("--steps", type=int, nargs="+", default=[200])
     p.add_argument("--with-particles", action="store_true")
+    p.add_argument("--refine-sentences", type=int, default=4096,
+                   help="sentences the finishing fits on (the conversion's default: 4,096)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     cfg = ConvertConfig()
-    dc = cfg.distill
+    dc = dataclasses.replace(cfg.distill, refine_examples=args.refine_sentences)
     tok = load_pretrained_tokenizer(args.checkpoint)
     teacher = load_pretrained_encoder("minilm", "softmax")
     sentences = load_sentences(cfg.tasks, "train", args.data_dir,
@@ -59,7 +62,7 @@ def main() -> None:
                 rec = finish_lowrank(model, teacher, ids, mask, dc, FinishConfig(
                     rank=rank, lr=lr, steps=steps, with_particles=args.with_particles),
                     generator=torch.Generator().manual_seed(cfg.seed), data=data)
-                row = {"rank": rank, "lr": lr, "steps": steps,
+                row = {"rank": rank, "lr": lr, "steps": steps, "n_train": rec["n_train"],
                        "with_particles": args.with_particles,
                        "time_s": time.perf_counter() - t0, "finish": rec,
                        "fidelity": embedding_fidelity(target, embed(model, tok, held,
