@@ -16,6 +16,12 @@ particles after every layer, so an interrupted run resumes), write the converted
 Result files: ``records.jsonl`` (per layer and head group: row KL / output MSE before and
 after), ``result.json`` (config, fidelity, probes, times). Reports and plots are made from these
 files by :mod:`coulomb_attention.reports.convert`.
+
+Optional low-rank finishing (``ConvertConfig.finish``, :mod:`coulomb_attention.train.finish`):
+after the kernel stage, LoRA adapters on the attention projections are trained on the
+embedding objective and merged into a second checkpoint ``lowrank/checkpoint/``;
+``result.json["lowrank"]`` holds its own fidelity and probes, apart from the pure-linear row
+(``fidelity``, ``probe``: the particles-only conversion, ``checkpoint/``).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ import torch
 from ._validation import check_choice, check_positive
 from .nn.attention import ATTENTION_FEATURES
 from .results import atomic_write_json, save_tensors
-from .train.distill import DistillConfig, distill_attention, refine_encoder
+from .train.distill import DistillConfig, distill_attention, embedding_data, refine_encoder
+from .train.finish import FinishConfig, finish_lowrank
 
 __all__ = [
     "ConvertConfig",
@@ -75,6 +82,9 @@ class ConvertConfig:
     probe_eval : int          evaluation examples (0: whole evaluation split)
     probe_c : float           inverse L2 strength of the probe
     batch_size : int          sentences per forward pass when embedding
+    finish : FinishConfig or None  low-rank finishing after the kernel stage (``particles``
+                              only; with ``finish.with_particles`` it replaces the joint
+                              refinement: the particles move with the adapters)
     """
 
     encoder: str = "minilm"
@@ -92,6 +102,7 @@ class ConvertConfig:
     probe_eval: int = 0
     probe_c: float = 1.0
     batch_size: int = 64
+    finish: FinishConfig | None = None
 
     def __post_init__(self) -> None:
         maps = [n for n, f in ATTENTION_FEATURES.items() if f.has_features]
@@ -108,6 +119,12 @@ class ConvertConfig:
             raise TypeError("distill must be a DistillConfig")
         object.__setattr__(self, "tasks", tuple(self.tasks))
         object.__setattr__(self, "probe_tasks", tuple(self.probe_tasks))
+        if self.finish is not None:
+            if not isinstance(self.finish, FinishConfig):
+                raise TypeError("finish must be a FinishConfig or None")
+            if self.variant != "particles":
+                raise ValueError(f"low-rank finishing applies to the particles variant, not "
+                                 f"{self.variant!r}")
         if self.variant == "hedgehog" and self.n_features % 2:
             raise ValueError(f"n_features must be even for the hedgehog baseline, got "
                              f"{self.n_features}")
@@ -253,13 +270,14 @@ def run_probes(model, tok, cfg: ConvertConfig, data_dir) -> dict[str, dict[str, 
 
 
 def _save_progress(state_dir: Path, model, next_layer: int, records, gen_state,
-                   config: dict | None = None) -> None:
+                   config: dict | None = None, stages: dict | None = None) -> None:
     omegas = {f"layer{i}": layer.omega
               for i, layer in enumerate(model.attention_layers) if layer.has_features}
     save_tensors(state_dir / "omega.safetensors", omegas)
     save_tensors(state_dir / "generator.safetensors", {"state": gen_state})
     atomic_write_json(state_dir / "progress.json",  # last: it names a complete state
-                      {"next_layer": next_layer, "records": records, "config": config})
+                      {"next_layer": next_layer, "records": records, "config": config,
+                       **({"stages": stages} if stages else {})})
 
 
 def _load_progress(state_dir: Path, model, config: dict | None = None) -> dict[str, Any] | None:
@@ -276,7 +294,8 @@ def _load_progress(state_dir: Path, model, config: dict | None = None) -> dict[s
         if f"layer{i}" in omegas:
             layer.load_features_(omegas[f"layer{i}"])
     return {"next_layer": prog["next_layer"], "records": prog["records"],
-            "generator_state": load_file(str(state_dir / "generator.safetensors"))["state"]}
+            "generator_state": load_file(str(state_dir / "generator.safetensors"))["state"],
+            "stages": prog.get("stages", {})}
 
 
 def _encode_texts(tok, texts, max_length):
@@ -321,6 +340,10 @@ def convert_encoder(
     else:
         model = load_pretrained_encoder(directory, config.feature_map, config.n_features,
                                         share_features=False, generator=config.seed)
+    finish_cfg = config.finish
+    if finish_cfg is not None and finish_cfg.rank > model.config.dim:
+        raise ValueError(f"LoRA rank must be at most the projections' width "
+                         f"{model.config.dim}, got {finish_cfg.rank}")
     if config.sentences_file:
         sentences = read_sentence_file(config.sentences_file)
     else:
@@ -331,6 +354,8 @@ def convert_encoder(
     records: list[dict] = []
     refine: dict | None = None
     distill_s = 0.0
+    stages: dict[str, Any] = {}  # finished stages after the layers (kernel, finish): resume
+    data = None  # the end-to-end stages' batches, shared by the refinement and the finishing
     if config.variant in ("particles", "hedgehog"):
         ids, mask = _encode_texts(tok, sentences, config.max_length)
         dcfg = config.distill
@@ -340,45 +365,73 @@ def convert_encoder(
         stamp = _to_json(config)
         resume = (_load_progress(state_dir, model, stamp) if config.variant == "particles"
                   else None)
+        stages = dict(resume["stages"]) if resume is not None else {}
         if resume is not None:
-            log(f"resuming at layer {resume['next_layer']}")
-        t0 = time.perf_counter()
-        records = distill_attention(
-            model, ids, mask, dcfg, generator=torch.Generator().manual_seed(config.seed),
-            progress=progress, resume=resume,
-            on_layer_done=(lambda nl, rec, gs: _save_progress(state_dir, model, nl, rec, gs,
-                                                              stamp))
-            if config.variant == "particles" else None)
-        # time_s is the layer's time, on each of its head-group records
-        distill_s = time.perf_counter() - t0 + (
-            sum({r["layer"]: r["time_s"] for r in resume["records"]}.values()) if resume
-            else 0.0)
-        if dcfg.refine_steps:
-            refine = refine_encoder(model, teacher, ids, mask, dcfg,
-                                    generator=torch.Generator().manual_seed(config.seed),
-                                    progress=progress)
-            distill_s += refine["time_s"]
+            log("resuming after the kernel stage" if "kernel" in stages
+                else f"resuming at layer {resume['next_layer']}")
+        if "kernel" in stages:
+            records, refine = resume["records"], stages["kernel"]["refine"]
+            distill_s = stages["kernel"]["distill_s"]
+        else:
+            t0 = time.perf_counter()
+            gen = torch.Generator().manual_seed(config.seed)
+            records = distill_attention(
+                model, ids, mask, dcfg, generator=gen, progress=progress, resume=resume,
+                on_layer_done=(lambda nl, rec, gs: _save_progress(state_dir, model, nl, rec, gs,
+                                                                  stamp))
+                if config.variant == "particles" else None)
+            # time_s is the layer's time, on each of its head-group records
+            distill_s = time.perf_counter() - t0 + (
+                sum({r["layer"]: r["time_s"] for r in resume["records"]}.values()) if resume
+                else 0.0)
+            # with finish.with_particles the particles move with the adapters instead
+            if dcfg.refine_steps and not (finish_cfg is not None and finish_cfg.with_particles):
+                t0 = time.perf_counter()
+                if finish_cfg is not None:
+                    data = embedding_data(teacher, ids, mask, dcfg,
+                                          torch.Generator().manual_seed(config.seed))
+                refine = refine_encoder(model, teacher, ids, mask, dcfg,
+                                        generator=torch.Generator().manual_seed(config.seed),
+                                        progress=progress, data=data)
+                distill_s += time.perf_counter() - t0
+            if config.variant == "particles":
+                stages["kernel"] = {"refine": refine, "distill_s": distill_s}
+                _save_progress(state_dir, model, len(model.attention_layers), records,
+                               gen.get_state(), stamp, stages)
     if config.variant in ("particles", "vanilla", "hedgehog"):
         save_pretrained_encoder(model, out / "checkpoint", vocab_from=directory,
                                 extra={"variant": config.variant, "seed": config.seed,
                                        "distill": dataclasses.asdict(config.distill)
                                        if config.variant != "vanilla" else None})
+    finished, finish_rec = None, None
+    if finish_cfg is not None:
+        finished, finish_rec = _finish_stage(config, model, teacher, ids, mask, data, out,
+                                             directory, stages, records, progress)
     with open(out / "records.jsonl", "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
     result: dict[str, Any] = {"config": _to_json(config), "encoder_dir": str(directory),
                               "n_sentences": len(sentences), "distill_s": distill_s,
                               "refine": refine}
+    if finish_rec is not None:
+        result["lowrank"] = {"finish": finish_rec, "checkpoint": "lowrank/checkpoint",
+                             "conversion_s": distill_s + finish_rec["time_s"]}
     if evaluate:
         t0 = time.perf_counter()
         held = load_sentences(("sst2", "rotten_tomatoes", "qqp") if config.sentences_file
                               else config.tasks, "eval", data_dir, config.eval_sentences,
                               10_000 + config.seed)
+        target = embed(teacher, tok, held, config.max_length, config.batch_size)
         result["fidelity"] = embedding_fidelity(
-            embed(teacher, tok, held, config.max_length, config.batch_size),
-            embed(model, tok, held, config.max_length, config.batch_size))
+            target, embed(model, tok, held, config.max_length, config.batch_size))
         result["probe"] = run_probes(model, tok, config, data_dir)
         result["eval_s"] = time.perf_counter() - t0
+        if finished is not None:  # its own row, never mixed with the pure-linear one
+            t0 = time.perf_counter()
+            result["lowrank"]["fidelity"] = embedding_fidelity(
+                target, embed(finished, tok, held, config.max_length, config.batch_size))
+            result["lowrank"]["probe"] = run_probes(finished, tok, config, data_dir)
+            result["lowrank"]["eval_s"] = time.perf_counter() - t0
     result["total_s"] = time.perf_counter() - t_start
     atomic_write_json(out / "result.json", result)
     if (out / "state").is_dir():
@@ -388,8 +441,37 @@ def convert_encoder(
     return result
 
 
+def _finish_stage(config, model, teacher, ids, mask, data, out, directory, stages, records,
+                  progress):
+    """The low-rank finishing of a copy of the converted ``model`` into
+    ``out/lowrank/checkpoint`` (reused when a resumed run already finished it)."""
+    import copy
+
+    from .nn.pretrained import load_pretrained_encoder, save_pretrained_encoder
+
+    ckpt = out / "lowrank" / "checkpoint"
+    if "finish" in stages and (ckpt / "config.json").is_file():
+        return load_pretrained_encoder(ckpt), stages["finish"]
+    finished = copy.deepcopy(model)
+    rec = finish_lowrank(finished, teacher, ids, mask, config.distill, config.finish,
+                         generator=torch.Generator().manual_seed(config.seed), data=data,
+                         progress=progress)
+    save_pretrained_encoder(finished, ckpt, vocab_from=directory,
+                            extra={"variant": "particles+lowrank", "seed": config.seed,
+                                   "distill": dataclasses.asdict(config.distill),
+                                   "finish": _to_json(config.finish),
+                                   "trained_params": rec["trained_params"]})
+    stages["finish"] = rec
+    gen = torch.Generator().manual_seed(config.seed)  # the state is not used after the layers
+    _save_progress(out / "state", model, len(model.attention_layers), records, gen.get_state(),
+                   _to_json(config), stages)
+    return finished, rec
+
+
 def _to_json(config) -> dict[str, Any]:
     d = dataclasses.asdict(config)
+    if isinstance(config, ConvertConfig) and config.finish is None:
+        d.pop("finish")  # configurations from before the finishing stage compare equal
     return json.loads(json.dumps(d, default=list))
 
 

@@ -9,9 +9,10 @@ writes ``OUT/checkpoint/`` (``nn.pretrained.load_pretrained_encoder(OUT/checkpoi
 ``OUT/records.jsonl``, ``OUT/result.json``, ``OUT/report.md`` and plots; an interrupted run
 resumes at its last finished layer. ``--grid M [M ...]`` runs the comparison over M, seeds and
 variants into ``OUT/grid/`` (finished runs reused) and writes ``OUT/grid.md``; ``--speed``
-times the converted encoder against the softmax one (``OUT/speed.json``). A single run also
-writes ``OUT/hf/``, a Hugging Face / sentence-transformers directory of the converted encoder
-(``--no-hf``: not; ``coulomb-attention export-hf`` exports a checkpoint later).
+times the converted encoder against the softmax one (``OUT/speed.json``). ``--lora-rank R``
+adds the low-rank finishing (``OUT/lowrank/checkpoint/``, its own row in ``result.json``). A
+single run also writes ``OUT/hf/``, a Hugging Face / sentence-transformers directory of the
+converted encoder (``--no-hf``: not; ``coulomb-attention export-hf`` exports a checkpoint later).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from ..convert import VARIANTS, ConvertConfig, _to_json, convert_encoder, speed_table
 from ..results import atomic_write_text, config_diff
 from ..train.distill import DistillConfig
+from ..train.finish import FinishConfig
 from ._args import add_progress, progress_mode
 
 
@@ -77,10 +79,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512])
     p.add_argument("--layer-lengths", type=int, nargs="+",
                    default=[512, 1024, 2048, 4096, 8192])
+    f = FinishConfig()
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="low-rank finishing: LoRA rank on the Q/K/V/O projections, trained on "
+                        "the embedding objective after the particles and merged (0: off)")
+    p.add_argument("--lora-steps", type=int, default=None, help=f"default {f.steps}")
+    p.add_argument("--lora-lr", type=float, default=None, help=f"default {f.lr:g}")
+    p.add_argument("--lora-with-particles", action="store_true",
+                   help="move the particles with the adapters instead of the separate "
+                        "joint refinement before them")
     p.add_argument("--threads", type=int, default=1)
     add_progress(p)
     p.add_argument("--no-hf", action="store_true",
                    help="do not write OUT/hf (the Hugging Face / sentence-transformers directory)")
+
+
+def finish_from_args(args: argparse.Namespace) -> FinishConfig | None:
+    """The finishing configuration of ``--lora-*`` (None with ``--lora-rank 0``)."""
+    rank = args.lora_rank
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"--lora-rank must be an integer >= 0, got {rank!r}")
+    given = [n for n, v in (("--lora-steps", args.lora_steps), ("--lora-lr", args.lora_lr),
+                            ("--lora-with-particles", args.lora_with_particles or None))
+             if v is not None]
+    if rank == 0:
+        if given:
+            raise ValueError(f"{', '.join(given)} needs --lora-rank > 0")
+        return None
+    over = {"steps": args.lora_steps, "lr": args.lora_lr}
+    return FinishConfig(rank=rank, with_particles=args.lora_with_particles,
+                        **{k: v for k, v in over.items() if v is not None})
 
 
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:
@@ -98,7 +126,7 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
                          sentences_file=args.sentences, max_length=args.max_length,
                          eval_sentences=args.eval_sentences,
                          probe_tasks=tuple(args.probe_tasks), probe_train=args.probe_train,
-                         probe_eval=args.probe_eval)
+                         probe_eval=args.probe_eval, finish=finish_from_args(args))
 
 
 def _grid(base: ConvertConfig, args, out: Path) -> None:
@@ -160,6 +188,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     out = Path(args.out)
     if args.grid:
+        if cfg.finish is not None:
+            raise ValueError("--lora-rank applies to one conversion, not to --grid")
         _grid(cfg, args, out)
     elif not args.speed or not (out / "result.json").is_file():
         res = convert_encoder(cfg, out, data_dir=args.data_dir, progress=args.progress,
@@ -168,6 +198,13 @@ def run(args: argparse.Namespace) -> int:
             fid = res["fidelity"]
             print(f"embedding cosine mean {fid['cos_mean']:.4f}, p5 {fid['cos_p5']:.4f}; "
                   f"Spearman {fid['spearman']:.4f}; distillation {res['distill_s']:.0f} s")
+        low = res.get("lowrank")
+        if low and "fidelity" in low:
+            fid, fin = low["fidelity"], low["finish"]
+            print(f"low-rank finished (rank {fin['rank']}, {fin['trained_params']} trained "
+                  f"parameters): embedding cosine mean {fid['cos_mean']:.4f}, p5 "
+                  f"{fid['cos_p5']:.4f}; Spearman {fid['spearman']:.4f}; conversion "
+                  f"{low['conversion_s']:.0f} s")
         print(f"wrote {write_convert_report(out)}")
         if not args.no_hf and (out / "checkpoint").is_dir():
             from ..export import export_hf_directory

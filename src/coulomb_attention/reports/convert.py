@@ -105,9 +105,45 @@ def write_convert_report(directory: str | Path) -> Path:
             lines.append(f"| {task} | {m['n_train']} | {m['n_eval']} | {m['accuracy']:.4f} | "
                          f"{m['ece']:.4f} | {m['log_loss']:.4f} |")
         lines.append("")
+    lines += _lowrank_lines(res)
     out = d / "report.md"
     out.write_text("\n".join(lines), encoding="utf-8")
     return out
+
+
+def _lowrank_lines(res: dict[str, Any]) -> list[str]:
+    """The low-rank finishing section: its own row beside the pure-linear one, never mixed."""
+    low = res.get("lowrank")
+    if not low:
+        return []
+    fin = low["finish"]
+    how = "with the particles" if fin["with_particles"] else "after the particles"
+    lines = ["## Low-rank finishing (learns more than the kernel: its own row)", "",
+             f"LoRA rank {fin['rank']} (alpha {fin['alpha']:g}) on "
+             f"{', '.join(fin['targets'])} of every layer, {how}; {fin['steps']} steps on "
+             f"{fin['n_train']} sentences, {fin['time_s']:.0f} s; embedding cosine "
+             f"{_f(fin['cos_before'])} -> {_f(fin['cos_after'])} on the {fin['n_fit']} "
+             "layer-wise fit sentences"
+             + (f", {_f(fin['holdout_cos_before'])} -> {_f(fin['holdout_cos_after'])} on the "
+                f"{fin['n_holdout']} held-out ones" if fin.get("n_holdout") else "")
+             + f"; {fin['trained_params']:,} trained parameters; merged into "
+             f"`{low['checkpoint']}/`.", ""]
+    if "fidelity" not in low:
+        return lines
+    tasks = list(res.get("probe", {}))
+    lines += ["| row | trained | conversion s | cos mean | cos p5 | Spearman | "
+              + " | ".join(f"{t} acc" for t in tasks) + " |",
+              "|---|---:|---:|---:|---:|---:|" + "---:|" * len(tasks)]
+    refine = "layer-wise only" if fin["with_particles"] else "layer-wise + refinement"
+    for name, trained, secs, fid, probe in (
+            (f"pure linear ({refine})", "particles", res["distill_s"], res["fidelity"],
+             res.get("probe", {})),
+            (f"low-rank finished (rank {fin['rank']})", f"{fin['trained_params']:,}",
+             low["conversion_s"], low["fidelity"], low.get("probe", {}))):
+        lines.append(f"| {name} | {trained} | {secs:.0f} | {fid['cos_mean']:.4f} | "
+                     f"{fid['cos_p5']:.4f} | {fid['spearman']:.4f} | "
+                     + " | ".join(_f(probe.get(t, {}).get("accuracy")) for t in tasks) + " |")
+    return lines + [""]
 
 
 def grid_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

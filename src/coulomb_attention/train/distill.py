@@ -66,6 +66,7 @@ __all__ = [
     "align_to_softmax",
     "capture_teacher_batches",
     "distill_attention",
+    "embedding_data",
     "refine_encoder",
     "split_examples",
     "subsample_trace",
@@ -485,6 +486,30 @@ def _embedding_batches(teacher, input_ids, attention_mask, batch_size, targets=N
     return out, torch.stack(rows) if rows else None
 
 
+def embedding_data(teacher: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   config: DistillConfig, generator: torch.Generator) -> dict[str, Any]:
+    """The end-to-end stages' data: the split of :func:`split_examples` (drawn from
+    ``generator``, seeded as the distillation's, so its fit and held-out sequences are kept)
+    and the teacher's sentence embeddings, as ``((ids, mask), target (B, D))`` batches of
+    similar length.
+
+    Returns ``{"fit_idx", "hold_idx", "train_idx", "train", "fit", "holdout"}``: the fit
+    sequences and the rest up to ``refine_examples`` (``train``, what the refinement and the
+    low-rank finishing fit on), the layer-wise fit sequences (``fit``) and the held-out ones
+    (``holdout``), each teacher embedding computed once."""
+    fit_idx, hold_idx, rest = split_examples(input_ids.shape[0], config, generator)
+    train_idx = torch.cat([fit_idx, rest])[:max(config.refine_examples, len(fit_idx))]
+    train_b, train_targets = _embedding_batches(teacher, input_ids[train_idx],
+                                                attention_mask[train_idx], config.batch_size)
+    # the fit sequences lead train_idx: their teacher embeddings are already computed
+    fit_b, _ = _embedding_batches(teacher, input_ids[fit_idx], attention_mask[fit_idx],
+                                  config.batch_size, targets=train_targets[:len(fit_idx)])
+    hold_b, _ = _embedding_batches(teacher, input_ids[hold_idx], attention_mask[hold_idx],
+                                   config.batch_size)
+    return {"fit_idx": fit_idx, "hold_idx": hold_idx, "train_idx": train_idx,
+            "train": train_b, "fit": fit_b, "holdout": hold_b}
+
+
 class _ParticlesOf:
     """``embed(omega, (ids, mask))``: the model's sentence embeddings with the particles of
     ``layers`` replaced by ``omega`` (``(len(layers) * G, M, dh)``, differentiable); every other
@@ -517,6 +542,7 @@ def refine_encoder(
     progress: bool = False,
     comm=None,
     keep_trace: int = 0,
+    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Joint refinement: move the particles of all converted layers together so the converted
     encoder's sentence embeddings match the teacher's.
@@ -538,7 +564,9 @@ def refine_encoder(
     fit cosine 0.985 vs held-out 0.961 after 100 steps). Returns a record: ``stage``
     "refine", ``cos_before``/``cos_after`` (on the distillation's fit sequences),
     ``holdout_cos_before``/``..._after``, ``energy_first``/``energy_last``, ``omega_shift``,
-    ``steps``, ``time_s`` (and ``trace``, at most ``keep_trace`` steps, when > 0).
+    ``steps``, ``time_s`` (and ``trace``, at most ``keep_trace`` steps, when > 0). ``data``:
+    :func:`embedding_data` of the same split, when the caller computed it already (the low-rank
+    finishing reuses it); the split is still drawn.
     """
     if not isinstance(config, DistillConfig):
         raise TypeError(f"config must be a DistillConfig, got {type(config).__name__}")
@@ -551,16 +579,13 @@ def refine_encoder(
     if len({tuple(layer.omega.shape) for layer in layers}) != 1:
         raise ValueError("refinement needs the same particle shape in every layer")
     t0 = time.perf_counter()
-    fit_idx, hold_idx, rest = split_examples(input_ids.shape[0], config, generator)
+    if data is None:
+        data = embedding_data(teacher, input_ids, attention_mask, config, generator)
+    else:
+        split_examples(input_ids.shape[0], config, generator)  # the same draw as above
+    fit_idx, hold_idx, train_idx = data["fit_idx"], data["hold_idx"], data["train_idx"]
+    train_b, fit_b, hold_b = data["train"], data["fit"], data["holdout"]
     noise = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
-    train_idx = torch.cat([fit_idx, rest])[:max(config.refine_examples, len(fit_idx))]
-    train_b, train_targets = _embedding_batches(teacher, input_ids[train_idx],
-                                                attention_mask[train_idx], config.batch_size)
-    # the fit sequences lead train_idx: their teacher embeddings are already computed
-    fit_b, _ = _embedding_batches(teacher, input_ids[fit_idx], attention_mask[fit_idx],
-                                  config.batch_size, targets=train_targets[:len(fit_idx)])
-    hold_b, _ = _embedding_batches(teacher, input_ids[hold_idx], attention_mask[hold_idx],
-                                   config.batch_size)
     was_training = model.training
     model.eval()
     G, _, dh = layers[0].omega.shape

@@ -1,0 +1,187 @@
+"""Low-rank finishing of a converted encoder: it raises the embedding cosine, changes only the
+adapted projections (and the particles when asked), its merged checkpoint loads back equal to
+the unmerged model, a conversion with it resumes after the kernel stage, the CLI checks flags."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coulomb_attention.convert import ConvertConfig, convert_encoder
+from coulomb_attention.nn.lora import lora_modules, merge_lora_
+from coulomb_attention.nn.pretrained import (
+    load_pretrained_encoder,
+    load_pretrained_tokenizer,
+    save_pretrained_encoder,
+)
+from coulomb_attention.train.distill import DistillConfig, embedding_data
+from coulomb_attention.train.finish import FinishConfig, finish_lowrank
+from helpers import rel_err
+from test_convert import SENTENCES
+from test_pretrained import write_tiny_bert
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert-finish"), qk_scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_dir):
+    return load_pretrained_tokenizer(tiny_dir).encode_batch(SENTENCES, max_length=16)[:2]
+
+
+def _distill(**kw):
+    base = dict(n_examples=9, holdout=3, batch_size=3, rows_per_sequence=0, steps=4,
+                refine_steps=3)
+    return DistillConfig(**{**base, **kw})
+
+
+def _models(tiny_dir):
+    return (load_pretrained_encoder(tiny_dir, "favor", 4, share_features=False, generator=0),
+            load_pretrained_encoder(tiny_dir, "softmax"))
+
+
+def _fit_cos(model, teacher, ids, mask, dcfg):
+    data = embedding_data(teacher, ids, mask, dcfg, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cos = [torch.nn.functional.cosine_similarity(model.sentence_embedding(*inp), t, dim=-1)
+               for inp, t in data["fit"]]
+    return float(torch.cat(cos).double().mean())
+
+
+@pytest.mark.parametrize("with_particles", [False, True])
+def test_finishing_raises_the_cosine_and_changes_only_what_it_trains(tiny_dir, batch,
+                                                                     with_particles):
+    ids, mask = batch
+    model, teacher = _models(tiny_dir)
+    dcfg = _distill()
+    before_state = {k: v.clone() for k, v in model.state_dict().items()}
+    cos0 = _fit_cos(model, teacher, ids, mask, dcfg)
+    cfg = FinishConfig(rank=2, steps=60, lr=2e-2, with_particles=with_particles)
+    rec = finish_lowrank(model, teacher, ids, mask, dcfg, cfg,
+                         generator=torch.Generator().manual_seed(0))
+    assert rec["cos_before"] == pytest.approx(cos0, abs=1e-6)
+    assert rec["cos_after"] > rec["cos_before"] + 0.5 * (1 - rec["cos_before"]), rec
+    assert rec["cos_after"] == pytest.approx(_fit_cos(model, teacher, ids, mask, dcfg), abs=1e-5)
+    assert not lora_modules(model)  # merged
+    n_omega = sum(la.omega.numel() for la in model.attention_layers)
+    assert rec["adapter_params"] == 2 * 4 * 2 * (16 + 16)  # layers x projections x r (in + out)
+    assert rec["trained_params"] == rec["adapter_params"] + (n_omega if with_particles else 0)
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before_state[k])}
+    projections = {f"blocks.{i}.attn.{p}.weight" for i in range(2)
+                   for p in ("q_proj", "k_proj", "v_proj", "out_proj")}
+    omegas = {f"blocks.{i}.attn.omega" for i in range(2)}
+    assert changed == projections | (omegas if with_particles else set())
+
+
+def test_merged_checkpoint_loads_back_equal_to_the_unmerged_model(tiny_dir, batch, tmp_path):
+    ids, mask = batch
+    model, teacher = _models(tiny_dir)
+    finish_lowrank(model, teacher, ids, mask, _distill(), FinishConfig(rank=3, steps=20, lr=2e-2),
+                   generator=torch.Generator().manual_seed(1), merge=False)
+    assert lora_modules(model)
+    with torch.no_grad():
+        unmerged = model.sentence_embedding(ids, mask, normalize=False)
+    merge_lora_(model)
+    save_pretrained_encoder(model, tmp_path / "ckpt")
+    back = load_pretrained_encoder(tmp_path / "ckpt")
+    assert type(back) is type(model) and back.config == model.config
+    with torch.no_grad():
+        loaded = back.sentence_embedding(ids, mask, normalize=False)
+    assert rel_err(loaded, unmerged) < 1e-5
+
+
+def test_finish_config_validation():
+    for kw, name in [({"rank": 0}, "rank"), ({"steps": -1}, "steps"), ({"lr": 0.0}, "lr"),
+                     ({"targets": ("fc1",)}, "targets")]:
+        with pytest.raises(ValueError, match=name):
+            FinishConfig(**kw)
+    with pytest.raises(ValueError, match="particles variant"):
+        ConvertConfig(variant="vanilla", finish=FinishConfig())
+
+
+def test_convert_with_finishing_resumes_after_the_kernel_stage(tiny_dir, tmp_path):
+    import coulomb_attention.convert as conv
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    cfg = ConvertConfig(encoder=str(tiny_dir), n_features=4, sentences_file=str(sent),
+                        distill=_distill(), max_length=16,
+                        finish=FinishConfig(rank=2, steps=10, lr=1e-2))
+    ref = convert_encoder(cfg, tmp_path / "ref", evaluate=False, log=lambda *_: None)
+    out = tmp_path / "run"
+    orig = conv.finish_lowrank
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    conv.finish_lowrank = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            convert_encoder(cfg, out, evaluate=False, log=lambda *_: None)
+    finally:
+        conv.finish_lowrank = orig
+    assert (out / "state" / "progress.json").is_file()
+    logs = []
+    orig_distill = conv.distill_attention
+    conv.distill_attention = interrupted  # the layers must not run again
+    try:
+        res = convert_encoder(cfg, out, evaluate=False, log=logs.append)
+    finally:
+        conv.distill_attention = orig_distill
+    assert logs == ["resuming after the kernel stage"]
+    assert not (out / "state").exists()
+    assert res["refine"] == {**ref["refine"], "time_s": res["refine"]["time_s"]}
+    fin, fin_ref = res["lowrank"]["finish"], ref["lowrank"]["finish"]
+    assert fin["cos_after"] == pytest.approx(fin_ref["cos_after"], abs=1e-6)
+    assert fin["cos_before"] == pytest.approx(ref["refine"]["cos_after"], abs=1e-5)
+    ids, mask = load_pretrained_tokenizer(tiny_dir).encode_batch(SENTENCES, max_length=16)[:2]
+    a, b = (load_pretrained_encoder(d / "lowrank" / "checkpoint") for d in (out, tmp_path / "ref"))
+    plain = load_pretrained_encoder(out / "checkpoint")
+    with torch.no_grad():
+        ea, eb, ep = (m.sentence_embedding(ids, mask) for m in (a, b, plain))
+    assert rel_err(ea, eb) < 1e-5 and rel_err(ea, ep) > 1e-3  # checkpoint/ stays pure linear
+
+
+def test_cli_lora_flag_errors_exit_2(tiny_dir, tmp_path, capsys):
+    from coulomb_attention.cli import main
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    base = ["convert", "--encoder", str(tiny_dir), "--n-features", "4", "--sentences", str(sent),
+            "--out", str(tmp_path / "bad"), "--no-progress"]
+    for argv, msg in [(["--lora-rank", "-1"], "--lora-rank must be"),
+                      (["--lora-steps", "5"], "needs --lora-rank > 0"),
+                      (["--lora-with-particles"], "needs --lora-rank > 0"),
+                      (["--lora-rank", "17"], "LoRA rank must be at most"),
+                      (["--lora-rank", "2", "--lora-lr", "-1"], "lr"),
+                      (["--lora-rank", "2", "--variant", "vanilla"], "particles variant"),
+                      (["--lora-rank", "2", "--grid", "4"], "not to --grid")]:
+        capsys.readouterr()
+        rc = main([*base, *argv])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and msg in err and "\n" not in err, (argv, err)
+
+
+def test_cli_lora_run_reports_both_rows(tiny_dir, tmp_path):
+    import json
+
+    from coulomb_attention.cli import main
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / "cli"
+    rc = main(["convert", "--encoder", str(tiny_dir), "--n-features", "4", "--sentences",
+               str(sent), "--n-sentences", "9", "--holdout", "3", "--steps", "2",
+               "--batch-size", "3", "--max-length", "16", "--eval-sentences", "8",
+               "--refine-steps", "3", "--probe-tasks", "--lora-rank", "2", "--lora-steps", "3",
+               "--out", str(out), "--no-progress"])
+    assert rc == 0
+    res = json.loads((out / "result.json").read_text())
+    assert res["config"]["finish"]["rank"] == 2 and res["lowrank"]["finish"]["steps"] == 3
+    assert res["lowrank"]["fidelity"] != res["fidelity"]
+    report = (out / "report.md").read_text()
+    assert "## Low-rank finishing" in report and "| low-rank finished (rank 2) |" in report
+    assert "| pure linear (layer-wise + refinement) | particles |" in report, report
+    assert (out / "lowrank" / "checkpoint" / "model.safetensors").is_file()
