@@ -44,8 +44,8 @@ COULOMB_LAMS = (1.0, 10.0)
 ADAM_LR = 0.03
 DEFAULT_FEATURES = (8, 16, 32, 64, 128)
 #: variants this arena does not plan yet. ``weighted`` (Wasserstein-Fisher-Rao particles:
-#: positions and masses) comes from the WFR helper; to add it, give it an entry in
-#: :func:`_variant_overrides` that fits the masses on the same objective, and plan it.
+#: positions and masses, ``dynamics/weighted.py``) needs the teacher row-KL term to take
+#: particle masses; then give it an entry in :func:`_variant_overrides` and plan it.
 PENDING_VARIANTS = ("weighted",)
 #: where the teachers are cached when ``run`` gets no ``run_dir`` (else ``<out>/mqar_teachers``)
 TEACHER_DIR = Path("runs/ablation/mqar_teachers")
