@@ -60,3 +60,35 @@ def test_corrupt_phase_a_checkpoint_names_the_file(tmp_path):
     with pytest.raises(ValueError, match="partial.json"):
         _load_phase_a_partial(tmp_path, tiny_model("favor"))
     assert _load_phase_a_partial(tmp_path / "absent", tiny_model("favor")) is None
+
+
+def test_run_phase_a_resumes_where_the_checkpoint_left_off():
+    from coulomb_attention.train.phases import run_phase_a
+
+    def make_fit(log):
+        def fit_layer(li):
+            log.append(li)
+            draw = float(torch.rand(1, generator=gen))  # consumes the run's generator
+            return [] if li == 1 else [{"layer": li, "draw": draw}]
+        return fit_layer
+
+    gen = torch.Generator().manual_seed(3)
+    checkpoints, full_log = [], []
+    full = run_phase_a(range(4), make_fit(full_log), generator=gen,
+                       on_layer_done=lambda nl, rec, gs: checkpoints.append(
+                           (nl, [dict(r) for r in rec], gs.clone())))
+    assert full_log == [0, 1, 2, 3] and [c[0] for c in checkpoints] == [1, 2, 3, 4]
+    assert [r["layer"] for r in full] == [0, 2, 3]  # a skipped layer adds no record
+    assert all(r["time_s"] >= 0 for r in full)
+    # resume after layer 1 (the second checkpoint): layers 0-1 are not fitted again and the
+    # generator continues, so the records equal the uninterrupted run's
+    nl, rec, gs = checkpoints[1]
+    gen = torch.Generator().manual_seed(99)
+    resumed_log = []
+    resumed = run_phase_a(range(4), make_fit(resumed_log), generator=gen,
+                          resume={"next_layer": nl, "records": rec, "generator_state": gs})
+    assert resumed_log == [2, 3]
+    assert [(r["layer"], r["draw"]) for r in resumed] == [(r["layer"], r["draw"]) for r in full]
+    with pytest.raises(ValueError, match="generator"):
+        run_phase_a(range(2), make_fit([]), resume={"next_layer": 1, "records": [],
+                                                    "generator_state": gs})

@@ -58,7 +58,7 @@ from ..energy import (
 # the Hedgehog map lives with the attention layers (a loaded checkpoint switches to it too)
 from ..nn.attention import use_hedgehog_map_
 from .capture import layer_inputs
-from .phases import langevin_setup
+from .phases import langevin_setup, run_phase_a
 
 __all__ = [
     "METHODS",
@@ -350,19 +350,12 @@ def distill_attention(
         raise ValueError(f"layers {config.layers} out of range for {len(layers)} layers")
     fit_idx, hold_idx, _ = split_examples(n, config, generator)
     n_fit, n_hold = len(fit_idx), len(hold_idx)
-    records: list[dict[str, Any]] = []
-    start = 0
-    if resume is not None:
-        start = int(resume["next_layer"])
-        records = [dict(r) for r in resume["records"]]
-        generator.set_state(resume["generator_state"])
     dtype = DTYPES[config.dtype]
-    for li in range(start, len(layers)):
+
+    def fit_layer(li: int) -> list[dict[str, Any]]:
         layer = layers[li]
         if not layer.has_features or (config.layers is not None and li not in config.layers):
-            if on_layer_done is not None:
-                on_layer_done(li + 1, records, generator.get_state())
-            continue
+            return []
         t0 = time.perf_counter()
         # the Langevin noise of this layer has its own stream, drawn before anything whose
         # consumption depends on this process's sequences: ranks of a data-parallel run (same
@@ -444,9 +437,6 @@ def distill_attention(
                 layer_records[-1]["trace"] = subsample_trace(traces[g], keep_trace)
         layer.load_features_(new_omega.to(layer.omega.dtype))
         elapsed = time.perf_counter() - t0
-        for r in layer_records:
-            r["time_s"] = elapsed
-        records.extend(layer_records)
         if progress:
             kb = sum(r["kl_before"] for r in layer_records) / len(layer_records)
             ka = sum(r["kl_after"] for r in layer_records) / len(layer_records)
@@ -456,9 +446,10 @@ def distill_attention(
                 ha_ = sum(r["holdout_kl_after"] for r in layer_records) / len(layer_records)
                 msg += f" (held-out {hb_:.4f} -> {ha_:.4f})"
             print(msg + f", {elapsed:.0f} s", flush=True)
-        if on_layer_done is not None:
-            on_layer_done(li + 1, records, generator.get_state())
-    return records
+        return layer_records
+
+    return run_phase_a(range(len(layers)), fit_layer, generator=generator, resume=resume,
+                       on_layer_done=on_layer_done)
 
 
 # ---------------------------------------------------------------------------- refinement

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,7 @@ from .capture import layer_inputs
 from .loop import EncodedDataset, collate
 
 __all__ = ["AlignConfig", "align_features", "collect_queries", "langevin_setup",
-           "probe_init_head", "sequence_features"]
+           "probe_init_head", "run_phase_a", "sequence_features"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,58 @@ def langevin_setup(config: ParticleConfig, dh: int):
     potential = (make_potential(config.potential, s=config.s, eps=config.eps, dim=dh)
                  if config.lam > 0 else None)
     return potential, config.projection(dh), config.schedule()
+
+
+def run_phase_a(
+    layer_indices: Iterable[int],
+    fit_layer: Callable[[int], list[dict[str, Any]]],
+    *,
+    generator: torch.Generator | None = None,
+    resume: dict[str, Any] | None = None,
+    on_layer_done: Callable[[int, list[dict], torch.Tensor], None] | None = None,
+) -> list[dict[str, Any]]:
+    """The one phase-A driver: fit the particles of the given layers in order, with one
+    checkpoint hook after each layer and one way to resume.
+
+    Every phase A (label alignment :func:`align_features`, attention distillation
+    ``train.distill.distill_attention``, MQAR's token-pair and teacher-route fits in
+    ``train.recall`` / ``train.recall_teacher``) supplies only ``fit_layer``; the loop over
+    layers, the timing, the checkpoint and the resume live here.
+
+    Parameters
+    ----------
+    layer_indices : the layers, in order (a layer ``fit_layer`` skips returns ``[]``)
+    fit_layer : ``fit_layer(li) -> records`` of layer ``li``; moves its ``omega`` in place
+    generator : the run's generator (its state is checkpointed and restored on resume)
+    resume : ``{"next_layer", "records", "generator_state"}`` from ``on_layer_done``: layers
+        before ``next_layer`` are skipped and the run continues exactly as if uninterrupted
+    on_layer_done : ``on_layer_done(next_layer, records, generator_state)`` after every layer
+
+    Returns
+    -------
+    list of dict: all layers' records, each with ``time_s`` (its layer's wall time)
+    """
+    records: list[dict[str, Any]] = []
+    start = 0
+    if resume is not None:
+        if generator is None:
+            raise ValueError("resuming phase A needs the run's generator")
+        records = [dict(r) for r in resume["records"]]
+        start = int(resume["next_layer"])
+        generator.set_state(resume["generator_state"])
+    for li in layer_indices:
+        if li < start:
+            continue
+        t0 = time.perf_counter()
+        layer_records = fit_layer(li)
+        elapsed = time.perf_counter() - t0
+        for r in layer_records:
+            r["time_s"] = elapsed
+        records.extend(layer_records)
+        if on_layer_done is not None:
+            on_layer_done(li + 1, records,
+                          generator.get_state() if generator is not None else None)
+    return records
 
 
 def collect_queries(
@@ -219,16 +272,11 @@ def align_features(
             out.append((inputs, y))
         return out
 
-    records: list[dict[str, Any]] = []
-    start = 0
-    if resume is not None:
-        records = [dict(r) for r in resume["records"]]
-        start = int(resume["next_layer"])
-        generator.set_state(resume["generator_state"])
-    for li, layer in enumerate(model.attention_layers):
-        if li < start or not layer.has_features:
-            continue
-        t0 = time.perf_counter()
+    def fit_layer(li: int) -> list[dict[str, Any]]:
+        layer = model.attention_layers[li]
+        if not layer.has_features:
+            return []
+        records: list[dict[str, Any]] = []
         fit_batches = with_targets(collect_queries(model, li, fit_set, config.batch_size, device))
         hold_batches = (with_targets(collect_queries(model, li, hold_set, config.batch_size,
                                                      device)) if hold_set else [])
@@ -278,12 +326,10 @@ def align_features(
                       + (f" (held-out {hold_before:.4f} -> {hold_after:.4f})"
                          if hold_batches else ""), flush=True)
         layer.load_features_(new_omega.to(layer.omega.dtype))
-        for r in records:
-            if r["layer"] == li:
-                r["time_s"] = time.perf_counter() - t0
-        if on_layer_done is not None:
-            on_layer_done(li + 1, records, generator.get_state())
-    return records
+        return records
+
+    return run_phase_a(range(len(model.attention_layers)), fit_layer, generator=generator,
+                       resume=resume, on_layer_done=on_layer_done)
 
 
 @torch.no_grad()

@@ -52,7 +52,7 @@ from ..energy.token_pair import TokenPairAlignment, token_pair_stats
 from ..nn.recall import RecallModel, RecallModelConfig
 from .capture import layer_inputs
 from .loop import Runtime, TrainConfig, fit
-from .phases import AlignConfig, langevin_setup
+from .phases import AlignConfig, langevin_setup, run_phase_a
 from .recall_levels import RECALL_LEVELS
 from .recall_teacher import (
     OBJECTIVES,
@@ -218,40 +218,41 @@ def recall_phase_a(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
     layer = model.attention_layers[li]
     if not layer.has_features:
         return []
-    t0 = time.perf_counter()
-    fit_b = _pair_batches(model, li, fit_data, config.batch_size)
-    hold_b = _pair_batches(model, li, hold_data, config.batch_size)
-    omega_all = layer.omega.detach().float().clone()  # (G, M, dh)
-    G, _, dh = omega_all.shape
-    heads_per = layer.heads // G
-    records = []
-    for g in range(G):
-        hs = slice(g * heads_per, (g + 1) * heads_per)
-        fb = [((q[:, hs], k[:, hs], v), y) for (q, k, v), y in fit_b]
-        hb = [((q[:, hs], k[:, hs], v), y) for (q, k, v), y in hold_b]
-        potential, projection, sched = langevin_setup(config, dh)
-        ham = Hamiltonian(TokenPairAlignment(layer.feature, center=config.center), potential,
-                          lam=config.lam)
-        om0 = omega_all[g].clone()
-        rec = {"layer": li, "heads": [hs.start, hs.stop],
-               "train_before": _alignment(layer.feature, om0, fb, config.center),
-               "holdout_before": _alignment(layer.feature, om0, hb, config.center)}
-        order = torch.randperm(len(fb), generator=generator).tolist()
-        run = learn_particles(ham, om0, sched, cycle(fb, order), projection=projection,
-                              generator=generator, normalize_drift=True)
-        omega_all[g] = run.omega
-        rec.update({
-            "train_after": _alignment(layer.feature, run.omega, fb, config.center),
-            "holdout_after": _alignment(layer.feature, run.omega, hb, config.center),
-            "energy_first": run.trace[0]["energy"], "energy_last": run.trace[-1]["energy"],
-            "boundary_fraction": run.trace[-1]["boundary_fraction"],
-            "omega_shift": float((run.omega - om0).norm() / om0.norm()),
-        })
-        records.append(rec)
-    layer.load_features_(omega_all.to(layer.omega.dtype))
-    for r in records:
-        r["time_s"] = time.perf_counter() - t0
-    return records
+
+    def fit_layer(li: int) -> list[dict[str, Any]]:
+        fit_b = _pair_batches(model, li, fit_data, config.batch_size)
+        hold_b = _pair_batches(model, li, hold_data, config.batch_size)
+        omega_all = layer.omega.detach().float().clone()  # (G, M, dh)
+        G, _, dh = omega_all.shape
+        heads_per = layer.heads // G
+        records = []
+        for g in range(G):
+            hs = slice(g * heads_per, (g + 1) * heads_per)
+            fb = [((q[:, hs], k[:, hs], v), y) for (q, k, v), y in fit_b]
+            hb = [((q[:, hs], k[:, hs], v), y) for (q, k, v), y in hold_b]
+            potential, projection, sched = langevin_setup(config, dh)
+            ham = Hamiltonian(TokenPairAlignment(layer.feature, center=config.center), potential,
+                              lam=config.lam)
+            om0 = omega_all[g].clone()
+            rec = {"layer": li, "heads": [hs.start, hs.stop],
+                   "train_before": _alignment(layer.feature, om0, fb, config.center),
+                   "holdout_before": _alignment(layer.feature, om0, hb, config.center)}
+            order = torch.randperm(len(fb), generator=generator).tolist()
+            run = learn_particles(ham, om0, sched, cycle(fb, order), projection=projection,
+                                  generator=generator, normalize_drift=True)
+            omega_all[g] = run.omega
+            rec.update({
+                "train_after": _alignment(layer.feature, run.omega, fb, config.center),
+                "holdout_after": _alignment(layer.feature, run.omega, hb, config.center),
+                "energy_first": run.trace[0]["energy"], "energy_last": run.trace[-1]["energy"],
+                "boundary_fraction": run.trace[-1]["boundary_fraction"],
+                "omega_shift": float((run.omega - om0).norm() / om0.norm()),
+            })
+            records.append(rec)
+        layer.load_features_(omega_all.to(layer.omega.dtype))
+        return records
+
+    return run_phase_a([li], fit_layer)
 
 
 def _new_model(model_config: RecallModelConfig, seed: int) -> RecallModel:

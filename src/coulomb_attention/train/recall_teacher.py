@@ -34,7 +34,6 @@ on ``W``: :func:`~coulomb_attention.train.distill.use_hedgehog_map_`).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +48,7 @@ from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, pe
 from ..nn.attention import use_hedgehog_map_
 from .capture import layer_inputs
 from .distill import _fit_hedgehog
-from .phases import langevin_setup
+from .phases import langevin_setup, run_phase_a
 
 __all__ = ["FIT_METHODS", "OBJECTIVES", "RecallFitConfig", "fit_recall_omega",
            "load_teacher_weights_", "omega_diagnostics", "teacher_batches"]
@@ -201,53 +200,55 @@ def fit_recall_omega(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
     layer = model.attention_layers[li]
     if not layer.has_features:
         raise ValueError(f"attention {layer.feature_map!r} has no particles to fit")
-    t0 = time.perf_counter()
-    if config.method == "hedgehog":
-        use_hedgehog_map_(layer)
-    fit_b = teacher_batches(model, li, fit_data, objective, config.batch_size)
-    hold_b = teacher_batches(model, li, hold_data, objective, config.batch_size)
-    omega0 = layer.omega.detach().double().clone()  # (G, M, dh)
-    G, M, dh = omega0.shape
-    grouped = G > 1
-    term = TeacherAttention(per_head(layer.feature) if grouped else layer.feature)
+    def fit_layer(li: int) -> list[dict[str, Any]]:
+        if config.method == "hedgehog":
+            use_hedgehog_map_(layer)
+        fit_b = teacher_batches(model, li, fit_data, objective, config.batch_size)
+        hold_b = teacher_batches(model, li, hold_data, objective, config.batch_size)
+        omega0 = layer.omega.detach().double().clone()  # (G, M, dh)
+        G, M, dh = omega0.shape
+        grouped = G > 1
+        term = TeacherAttention(per_head(layer.feature) if grouped else layer.feature)
 
-    def kl(om, batches):
-        return term.evaluate(om if grouped else om[0], batches)["kl"]
+        def kl(om, batches):
+            return term.evaluate(om if grouped else om[0], batches)["kl"]
 
-    rec: dict[str, Any] = {"objective": objective, "method": config.method,
-                           "kl_before": kl(omega0, fit_b), "holdout_kl_before": kl(omega0, hold_b)}
-    potential, projection, schedule = langevin_setup(config, dh)
-    order = torch.randperm(len(fit_b), generator=generator).tolist()
-    stream = cycle(fit_b, order)
-    if config.method == "langevin":
-        ham = Hamiltonian(term, potential, lam=config.lam, groups=G)
-        noise = torch.Generator().manual_seed(
-            int(torch.randint(0, 2**62, (1,), generator=generator)))
-        run = learn_particles(ham, omega0.reshape(G * M, dh), schedule, stream,
-                              projection=projection, generator=noise,
-                              normalize_drift=config.normalize_drift)
-        omega, trace = run.omega.reshape(G, M, dh), run.trace
-    elif config.method == "adam":
-        omega, trace = _adam(term, omega0 if grouped else omega0[0], stream, config, projection)
-        omega = omega.reshape(G, M, dh)
-    else:  # hedgehog: Adam on W with omega = [W; -W], per group
-        per = layer.heads // G
-        single = TeacherAttention(layer.feature)
-        parts = [_fit_hedgehog(single, omega0[g],
-                               cycle([b.heads(slice(g * per, (g + 1) * per)) for b in fit_b],
-                                     order), config.steps, config.lr) for g in range(G)]
-        omega = torch.stack([p[0] for p in parts])
-        trace = [{**t, "repulsion": 0.0} for t in parts[0][1]]
-    layer.load_features_(omega.to(layer.omega.dtype))
-    rec.update({
-        "kl_after": kl(omega, fit_b), "holdout_kl_after": kl(omega, hold_b),
-        "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
-        "energy_trace": _subsample(trace, "kl"),
-        "time_s": time.perf_counter() - t0,
-    })
-    if not all(math.isfinite(rec[k]) for k in ("kl_after", "holdout_kl_after")):
-        raise FloatingPointError(f"the {config.method} fit of omega gave a non-finite row KL")
-    return rec
+        rec: dict[str, Any] = {"objective": objective, "method": config.method,
+                               "kl_before": kl(omega0, fit_b),
+                               "holdout_kl_before": kl(omega0, hold_b)}
+        potential, projection, schedule = langevin_setup(config, dh)
+        order = torch.randperm(len(fit_b), generator=generator).tolist()
+        stream = cycle(fit_b, order)
+        if config.method == "langevin":
+            ham = Hamiltonian(term, potential, lam=config.lam, groups=G)
+            noise = torch.Generator().manual_seed(
+                int(torch.randint(0, 2**62, (1,), generator=generator)))
+            run = learn_particles(ham, omega0.reshape(G * M, dh), schedule, stream,
+                                  projection=projection, generator=noise,
+                                  normalize_drift=config.normalize_drift)
+            omega, trace = run.omega.reshape(G, M, dh), run.trace
+        elif config.method == "adam":
+            omega, trace = _adam(term, omega0 if grouped else omega0[0], stream, config, projection)
+            omega = omega.reshape(G, M, dh)
+        else:  # hedgehog: Adam on W with omega = [W; -W], per group
+            per = layer.heads // G
+            single = TeacherAttention(layer.feature)
+            parts = [_fit_hedgehog(single, omega0[g],
+                                   cycle([b.heads(slice(g * per, (g + 1) * per)) for b in fit_b],
+                                         order), config.steps, config.lr) for g in range(G)]
+            omega = torch.stack([p[0] for p in parts])
+            trace = [{**t, "repulsion": 0.0} for t in parts[0][1]]
+        layer.load_features_(omega.to(layer.omega.dtype))
+        rec.update({
+            "kl_after": kl(omega, fit_b), "holdout_kl_after": kl(omega, hold_b),
+            "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
+            "energy_trace": _subsample(trace, "kl"),
+        })
+        if not all(math.isfinite(rec[k]) for k in ("kl_after", "holdout_kl_after")):
+            raise FloatingPointError(f"the {config.method} fit of omega gave a non-finite row KL")
+        return [rec]
+
+    return run_phase_a([li], fit_layer)[0]
 
 
 @torch.no_grad()
