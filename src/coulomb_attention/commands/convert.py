@@ -21,52 +21,68 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..convert import VARIANTS, ConvertConfig, _to_json, convert_encoder, speed_table
 from ..results import atomic_write_text, config_diff
-from ..train.distill import DistillConfig
-from ..train.finish import FinishConfig
 from ._args import add_progress, progress_mode
+
+if TYPE_CHECKING:
+    from ..convert import ConvertConfig
+    from ..train.finish import FinishConfig
+
+# --help imports no torch: the flags that set a config field default to None and take the
+# config's own default in config_from_args (tests/commands/test_help_and_args.py checks these
+# tables against ConvertConfig, DistillConfig and convert.VARIANTS)
+VARIANTS = ("vanilla", "particles", "hedgehog", "softmax")
+#: flag (dest) -> ConvertConfig field
+CONVERT_FLAGS = {"encoder": "encoder", "feature_map": "feature_map", "n_features": "n_features",
+                 "seed": "seed", "variant": "variant", "tasks": "tasks",
+                 "max_length": "max_length", "eval_sentences": "eval_sentences",
+                 "probe_tasks": "probe_tasks", "probe_train": "probe_train",
+                 "probe_eval": "probe_eval"}
+#: flag (dest) -> DistillConfig field
+DISTILL_FLAGS = {"n_sentences": "n_examples", "holdout": "holdout", "steps": "steps",
+                 "batch_size": "batch_size", "rows": "rows_per_sequence", "eta": "eta",
+                 "eta_end": "eta_end", "beta": "beta", "lam": "lam",
+                 "output_weight": "output_weight", "lr": "lr", "refine_steps": "refine_steps",
+                 "refine_sentences": "refine_examples", "refine_eta": "refine_eta",
+                 "refine_max_drift": "refine_max_drift"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    d, c = DistillConfig(), ConvertConfig()
-    p.add_argument("--encoder", default=c.encoder, help="minilm or a BERT checkpoint directory")
-    p.add_argument("--feature-map", default=c.feature_map,
-                   help="favor, softmax_feat or porf_softplus")
-    p.add_argument("--n-features", type=int, default=c.n_features, help="particles per head")
-    p.add_argument("--seed", type=int, default=c.seed)
-    p.add_argument("--variant", default=c.variant, choices=VARIANTS)
+    c, d = "(default: ConvertConfig's)", "(default: DistillConfig's)"
+    p.add_argument("--encoder", help=f"minilm or a BERT checkpoint directory {c}")
+    p.add_argument("--feature-map", help=f"favor, softmax_feat or porf_softplus {c}")
+    p.add_argument("--n-features", type=int, help=f"particles per head {c}")
+    p.add_argument("--seed", type=int, help=c)
+    p.add_argument("--variant", choices=VARIANTS, help=c)
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", required=True)
     p.add_argument("--sentences", default=None,
                    help="text file, one sentence per line (default: training text of --tasks)")
-    p.add_argument("--tasks", nargs="+", default=list(c.tasks))
-    p.add_argument("--max-length", type=int, default=c.max_length)
-    p.add_argument("--n-sentences", type=int, default=d.n_examples,
-                   help="sentences distilled on")
-    p.add_argument("--holdout", type=int, default=d.holdout)
-    p.add_argument("--steps", type=int, default=d.steps, help="steps per layer and head")
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--rows", type=int, default=d.rows_per_sequence,
-                   help="query rows per sequence (0: all)")
-    p.add_argument("--eta", type=float, default=d.eta)
-    p.add_argument("--eta-end", type=float, default=d.eta_end)
-    p.add_argument("--beta", type=float, default=d.beta, help="0: infinity")
-    p.add_argument("--lam", type=float, default=d.lam, help="Riesz repulsion strength")
-    p.add_argument("--output-weight", type=float, default=d.output_weight)
-    p.add_argument("--lr", type=float, default=d.lr, help="Adam lr of the hedgehog baseline")
-    p.add_argument("--refine-steps", type=int, default=d.refine_steps,
+    p.add_argument("--tasks", nargs="+", help=c)
+    p.add_argument("--max-length", type=int, help=c)
+    p.add_argument("--n-sentences", type=int, help=f"sentences distilled on {d}")
+    p.add_argument("--holdout", type=int, help=d)
+    p.add_argument("--steps", type=int, help=f"steps per layer and head {d}")
+    p.add_argument("--batch-size", type=int, help=d)
+    p.add_argument("--rows", type=int, help=f"query rows per sequence (0: all) {d}")
+    p.add_argument("--eta", type=float, help=d)
+    p.add_argument("--eta-end", type=float, help=d)
+    p.add_argument("--beta", type=float, help=f"0: infinity {d}")
+    p.add_argument("--lam", type=float, help=f"Riesz repulsion strength {d}")
+    p.add_argument("--output-weight", type=float, help=d)
+    p.add_argument("--lr", type=float, help=f"Adam lr of the hedgehog baseline {d}")
+    p.add_argument("--refine-steps", type=int,
                    help="steps of the joint refinement of all layers' particles against the "
-                        "teacher's sentence embeddings (0: none)")
-    p.add_argument("--refine-sentences", type=int, default=d.refine_examples,
-                   help="sentences the refinement fits on")
-    p.add_argument("--refine-eta", type=float, default=d.refine_eta)
-    p.add_argument("--refine-max-drift", type=float, default=d.refine_max_drift)
-    p.add_argument("--eval-sentences", type=int, default=c.eval_sentences)
-    p.add_argument("--probe-tasks", nargs="*", default=list(c.probe_tasks))
-    p.add_argument("--probe-train", type=int, default=c.probe_train)
-    p.add_argument("--probe-eval", type=int, default=c.probe_eval)
+                        f"teacher's sentence embeddings (0: none) {d}")
+    p.add_argument("--refine-sentences", type=int, help=f"sentences the refinement fits on {d}")
+    p.add_argument("--refine-eta", type=float, help=d)
+    p.add_argument("--refine-max-drift", type=float, help=d)
+    p.add_argument("--eval-sentences", type=int, help=c)
+    p.add_argument("--probe-tasks", nargs="*", help=c)
+    p.add_argument("--probe-train", type=int, help=c)
+    p.add_argument("--probe-eval", type=int, help=c)
     p.add_argument("--no-eval", action="store_true", help="skip fidelity and probes")
     p.add_argument("--grid", type=int, nargs="+", default=None, metavar="M",
                    help="comparison over these M (with --seeds, --variants, --lams)")
@@ -79,12 +95,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512])
     p.add_argument("--layer-lengths", type=int, nargs="+",
                    default=[512, 1024, 2048, 4096, 8192])
-    f = FinishConfig()
     p.add_argument("--lora-rank", type=int, default=0,
                    help="low-rank finishing: LoRA rank on the Q/K/V/O projections, trained on "
                         "the embedding objective after the particles and merged (0: off)")
-    p.add_argument("--lora-steps", type=int, default=None, help=f"default {f.steps}")
-    p.add_argument("--lora-lr", type=float, default=None, help=f"default {f.lr:g}")
+    p.add_argument("--lora-steps", type=int, default=None, help="(default: FinishConfig's)")
+    p.add_argument("--lora-lr", type=float, default=None, help="(default: FinishConfig's)")
     p.add_argument("--lora-with-particles", action="store_true",
                    help="move the particles with the adapters instead of the separate "
                         "joint refinement before them")
@@ -96,6 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def finish_from_args(args: argparse.Namespace) -> FinishConfig | None:
     """The finishing configuration of ``--lora-*`` (None with ``--lora-rank 0``)."""
+    from ..train.finish import FinishConfig
+
     rank = args.lora_rank
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"--lora-rank must be an integer >= 0, got {rank!r}")
@@ -112,24 +129,23 @@ def finish_from_args(args: argparse.Namespace) -> FinishConfig | None:
 
 
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:
-    distill = DistillConfig(n_examples=args.n_sentences, holdout=args.holdout, steps=args.steps,
-                            batch_size=args.batch_size, rows_per_sequence=args.rows,
-                            eta=args.eta, eta_end=args.eta_end, beta=args.beta, lam=args.lam,
-                            output_weight=args.output_weight, lr=args.lr,
-                            refine_steps=args.refine_steps,
-                            refine_examples=args.refine_sentences, refine_eta=args.refine_eta,
-                            refine_eta_end=args.refine_eta / 10,
-                            refine_max_drift=args.refine_max_drift)
-    return ConvertConfig(encoder=args.encoder, feature_map=args.feature_map,
-                         n_features=args.n_features, seed=args.seed, variant=args.variant,
-                         distill=distill, tasks=tuple(args.tasks),
-                         sentences_file=args.sentences, max_length=args.max_length,
-                         eval_sentences=args.eval_sentences,
-                         probe_tasks=tuple(args.probe_tasks), probe_train=args.probe_train,
-                         probe_eval=args.probe_eval, finish=finish_from_args(args))
+    """The conversion the flags describe: a flag not given takes its config's default."""
+    from ..convert import ConvertConfig
+    from ..train.distill import DistillConfig
+
+    c, d = ConvertConfig(), DistillConfig()
+    dist = {field: getattr(d, field) if getattr(args, flag) is None else getattr(args, flag)
+            for flag, field in DISTILL_FLAGS.items()}
+    conv = {field: getattr(c, field) if getattr(args, flag) is None else getattr(args, flag)
+            for flag, field in CONVERT_FLAGS.items()}
+    conv["tasks"], conv["probe_tasks"] = tuple(conv["tasks"]), tuple(conv["probe_tasks"])
+    distill = DistillConfig(**dist, refine_eta_end=dist["refine_eta"] / 10)
+    return ConvertConfig(**conv, distill=distill, sentences_file=args.sentences,
+                         finish=finish_from_args(args))
 
 
 def _grid(base: ConvertConfig, args, out: Path) -> None:
+    from ..convert import _to_json, convert_encoder
     from ..reports.convert import write_grid_report
 
     runs = [("softmax", dataclasses.replace(base, variant="softmax"))]
@@ -181,6 +197,7 @@ def _grid(base: ConvertConfig, args, out: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from ..convert import convert_encoder, speed_table
     from ..reports.convert import write_convert_report
 
     torch.set_num_threads(max(1, args.threads))
