@@ -161,12 +161,17 @@ def test_langevin_stops_on_non_finite_energy():
         e = torch.tensor(float("nan") if calls["n"] == 3 else 1.0, dtype=omega.dtype)
         return e, torch.zeros_like(omega), {}
 
-    init_fn, step_fn = dynamics.projected_langevin(energy_grad, dynamics.Ball(5.0), eta=0.1)
-    state = init_fn(torch.randn(4, 2, generator=torch.Generator().manual_seed(0)),
-                    torch.Generator().manual_seed(1))
+    class Energy:  # the driver's Hamiltonian protocol
+        def value_and_grad(self, omega, batches, comm=None):
+            return energy_grad(omega, batches)
+
     seen = []
     with pytest.raises(dynamics.NonFiniteEnergyError, match="non-finite energy.*step 2") as ei:
-        dynamics.run(state, step_fn, 10, callback=lambda s, info: seen.append(s.omega.clone()))
+        dynamics.learn_particles(
+            Energy(), torch.randn(4, 2, generator=torch.Generator().manual_seed(0)),
+            dynamics.LangevinSchedule(steps=10, eta=0.1), projection=dynamics.Ball(5.0),
+            generator=torch.Generator().manual_seed(1),
+            callbacks=[lambda s, info: seen.append(s.omega.clone())])
     assert len(seen) == 2 and all(torch.isfinite(o).all() for o in seen)
     _record("non-finite", "Langevin energy NaN at step 2 (run of 10 steps)",
             f"{_describe(ei.value)}; the 2 finite states before it were kept")

@@ -17,7 +17,6 @@ from .langevin import (
     NonFiniteEnergyError,
     make_schedule,
     projected_langevin,
-    run,
 )
 from .projections import PROJECTIONS, Ball, Box, make_projection
 from .weighted import (
@@ -54,5 +53,4 @@ __all__ = [
     "make_projection",
     "make_schedule",
     "projected_langevin",
-    "run",
 ]

@@ -4,13 +4,14 @@
 
 Built jax-md style as ``(init_fn, step_fn)`` from an energy-gradient function and a
 projection; ``eta`` and ``beta`` can be overridden per step, so annealing is a schedule
-passed to :func:`run`. ``beta = inf`` is projected gradient descent.
+(:class:`~coulomb_attention.dynamics.LangevinSchedule`, run by
+:func:`~coulomb_attention.dynamics.learn_particles`). ``beta = inf`` is projected gradient descent.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,6 @@ __all__ = [
     "SCHEDULES",
     "make_schedule",
     "projected_langevin",
-    "run",
 ]
 
 EnergyGradFn = Callable[[torch.Tensor, object], tuple[torch.Tensor, torch.Tensor, dict]]
@@ -146,36 +146,3 @@ def make_schedule(
     if name != "constant" and end is None:
         raise ValueError(f"schedule {name!r} needs an end value")
     return SCHEDULES[name](start, end, total)
-
-
-def run(
-    init_state: LangevinState,
-    step_fn,
-    n_steps: int,
-    batches: Iterator | None = None,
-    *,
-    eta_schedule: Callable[[int], float] | None = None,
-    beta_schedule: Callable[[int], float] | None = None,
-    callback: Callable[[LangevinState, dict], None] | None = None,
-) -> tuple[LangevinState, list[dict]]:
-    """Run ``n_steps`` steps from ``init_state``; returns the final state and the trace.
-
-    ``batches`` yields one batch per step (``None``: ``step_fn`` gets ``batch=None``).
-    The trace holds one dict per step: energy, alignment, repulsion, boundary fraction, ...
-    ``callback(state, info)`` runs after each step (checkpointing, progress).
-    """
-    n_steps = int(check_positive("n_steps", n_steps, integer=True))
-    state = init_state
-    trace = []
-    for _ in range(n_steps):
-        batch = next(batches) if batches is not None else None
-        kwargs = {}
-        if eta_schedule is not None:
-            kwargs["eta"] = eta_schedule(state.step)
-        if beta_schedule is not None:
-            kwargs["beta"] = beta_schedule(state.step)
-        state, info = step_fn(state, batch, **kwargs)
-        trace.append(info)
-        if callback is not None:
-            callback(state, info)
-    return state, trace
