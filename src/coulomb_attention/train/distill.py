@@ -501,25 +501,36 @@ def embedding_data(teacher: nn.Module, input_ids: torch.Tensor, attention_mask: 
             "train": train_b, "fit": fit_b, "holdout": hold_b}
 
 
+class _SentenceEmbedding(nn.Module):
+    """``forward(ids, mask)`` = ``model.sentence_embedding(ids, mask)``: the method as a module
+    call, so :func:`torch.func.functional_call` can run it with substituted buffers."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.model.sentence_embedding(input_ids, attention_mask)
+
+
 class _ParticlesOf:
     """``embed(omega, (ids, mask))``: the model's sentence embeddings with the particles of
-    ``layers`` replaced by ``omega`` (``(len(layers) * G, M, dh)``, differentiable); every other
-    weight and the stored particles stay as they are."""
+    ``layers`` replaced by ``omega`` (``(len(layers) * G, M, dh)``, differentiable), through
+    :func:`torch.func.functional_call`; the model itself (its weights and stored particles) is
+    never modified."""
 
     def __init__(self, model, layers):
-        self.model, self.layers = model, layers
+        self.embed = _SentenceEmbedding(model)
+        names = {id(m): name for name, m in model.named_modules()}
+        self.names = [f"model.{names[id(layer)]}.omega" for layer in layers]
+        self.dtypes = [layer.omega.dtype for layer in layers]
         self.groups = layers[0].omega.shape[0]
 
     def __call__(self, omega, inputs):
         G = self.groups
-        saved = [layer._buffers["omega"] for layer in self.layers]
-        try:
-            for j, layer in enumerate(self.layers):
-                layer._buffers["omega"] = omega[j * G:(j + 1) * G].to(saved[j].dtype)
-            return self.model.sentence_embedding(*inputs)
-        finally:
-            for layer, om in zip(self.layers, saved, strict=True):
-                layer._buffers["omega"] = om
+        swap = {name: omega[j * G:(j + 1) * G].to(dtype)
+                for j, (name, dtype) in enumerate(zip(self.names, self.dtypes, strict=True))}
+        return torch.func.functional_call(self.embed, swap, tuple(inputs))
 
 
 def refine_encoder(
