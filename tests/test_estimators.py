@@ -271,3 +271,16 @@ def test_bench_and_demo_helpers():
     assert X.shape == (100, 5) and set(np.unique(y)) == {0, 1}
     with pytest.raises(ValueError, match="d >= 2"):
         make_demo_task(50, 1, 0.0, 0)
+
+
+def test_single_class_minibatches_are_skipped_not_fatal():
+    # found by hypothesis (tests/test_reliability_properties.py): 30 alternating labels in
+    # batches of 8 can draw a batch of one class, whose centered alignment is undefined
+    import numpy as np
+
+    rng = np.random.default_rng(11680)
+    X = rng.standard_normal((30, 1))
+    est = ParticleFeatures(9, feature_map="rff", n_steps=3, batch_size=8, random_state=11680)
+    est.fit(X, np.arange(30) % 2)
+    assert est.omega_.shape == (9, 1) and np.isfinite(est.omega_).all()
+    assert len(est.history_) == 3 and all(np.isfinite(h["energy"]) for h in est.history_)

@@ -674,7 +674,7 @@ class ParticleFeatures(_BaseRandomFeatures):
         if not use_val:
             val_idx, tr_idx = perm[:0], perm
         x_tr, Y_tr = x_all[tr_idx], Y[tr_idx]
-        bs = min(p["batch_size"], x_tr.shape[0])
+        bs = min(max(p["batch_size"], 2), x_tr.shape[0])
         batches = _minibatches(x_tr, Y_tr, bs, gen)
         probe = tr_idx[: min(tr_idx.shape[0], 4096)]
 
@@ -768,10 +768,17 @@ class _PhaseWrap:
 
 
 def _minibatches(x: torch.Tensor, Y: torch.Tensor, batch_size: int, gen: torch.Generator):
-    """Endless mini-batches ``(x (B, d), Y (B, C))``: reshuffled epochs, drop the remainder."""
+    """Endless mini-batches ``(x (B, d), Y (B, C))``: reshuffled epochs, drop the remainder.
+
+    A batch whose labels are all one class carries no alignment (its centered ``Y^T Y`` is 0)
+    and is skipped; ``Y`` holds at least two classes and ``batch_size >= 2``, so every epoch
+    has a positive chance of a usable batch.
+    """
     n = x.shape[0]
     while True:
         perm = torch.randperm(n, generator=gen)
         for start in range(0, n - batch_size + 1, batch_size):
             idx = perm[start : start + batch_size]
+            if _n_classes(Y[idx]) < 2:
+                continue
             yield x[idx], Y[idx]
