@@ -18,12 +18,10 @@ converted encoder (``--no-hf``: not; ``coulomb-attention export-hf`` exports a c
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..results import atomic_write_text, config_diff
 from ._args import add_progress, progress_mode
 
 if TYPE_CHECKING:
@@ -144,56 +142,6 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
                          finish=finish_from_args(args))
 
 
-def _grid(base: ConvertConfig, args, out: Path) -> None:
-    from ..convert import _to_json, convert_encoder
-    from ..reports.convert import write_grid_report
-
-    runs = [("softmax", dataclasses.replace(base, variant="softmax"))]
-    for m in args.grid:
-        for seed in args.seeds:
-            for variant in args.variants:
-                cfg = dataclasses.replace(base, n_features=m, seed=seed, variant=variant)
-                if variant == "particles":
-                    for lam in args.lams:
-                        runs.append((f"particles-lam{lam:g}-M{m}-s{seed}", dataclasses.replace(
-                            cfg, distill=dataclasses.replace(base.distill, lam=lam))))
-                elif variant != "softmax":
-                    runs.append((f"{variant}-M{m}-s{seed}", cfg))
-    results = []
-    for name, cfg in runs:
-        run_dir = out / "grid" / name
-        if (run_dir / "result.json").is_file():
-            res = json.loads((run_dir / "result.json").read_text())
-            differ = config_diff(res.get("config"), _to_json(cfg))
-            if differ:  # a finished run is reused only with the same configuration
-                raise ValueError(f"{run_dir} holds a conversion of another configuration "
-                                 f"(differs in {', '.join(differ[:6])}); use another --out or "
-                                 "delete it")
-        else:
-            print(f"[grid] {name}", flush=True)
-            res = convert_encoder(cfg, run_dir, data_dir=args.data_dir, progress=args.progress)
-        fid = res["fidelity"]
-        print(f"[grid] {name}: cos {fid['cos_mean']:.4f} (p5 {fid['cos_p5']:.4f}), Spearman "
-              f"{fid['spearman']:.4f}, distil {res['distill_s']:.0f} s", flush=True)
-        results.append(res)
-    # the report covers every finished run of OUT/grid made with this base configuration
-    # (earlier invocations with other M, seeds, variants or lam included); runs of another
-    # base configuration are left out and named
-    grid_keys = {"n_features", "seed", "variant", "distill.lam"}
-    base_json, every, other = _to_json(base), [], []
-    for path in sorted((out / "grid").glob("*/result.json")):
-        res = json.loads(path.read_text())
-        if set(config_diff(res.get("config"), base_json)) <= grid_keys:
-            every.append(res)
-        else:
-            other.append(path.parent.name)
-    if other:
-        print(f"[grid] left out of the report (another base configuration): "
-              f"{', '.join(other)}", flush=True)
-    atomic_write_text(out / "grid.jsonl", "".join(json.dumps(r) + "\n" for r in every))
-    print(f"wrote {write_grid_report(out)}")
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -207,7 +155,10 @@ def run(args: argparse.Namespace) -> int:
     if args.grid:
         if cfg.finish is not None:
             raise ValueError("--lora-rank applies to one conversion, not to --grid")
-        _grid(cfg, args, out)
+        from ..studies.convert_grid import run_convert_grid
+
+        run_convert_grid(cfg, args.grid, args.seeds, args.variants, args.lams, out,
+                         data_dir=args.data_dir, progress=args.progress)
     elif not args.speed or not (out / "result.json").is_file():
         res = convert_encoder(cfg, out, data_dir=args.data_dir, progress=args.progress,
                               evaluate=not args.no_eval)

@@ -1,24 +1,18 @@
 """``coulomb-attention recall``: MQAR, attention x kernel x M x seeds at two difficulties.
 
 Flags -> one :class:`~coulomb_attention.train.recall.RecallRunConfig` per grid point ->
-:func:`~coulomb_attention.train.recall.run_recall` -> ``OUT/results.jsonl`` (one fsync'd line
-per run, with the resolved config; a run whose config already has a line is skipped), then
-``OUT/summary.md`` and ``OUT/accuracy_vs_M.png`` from the result file only
-(:mod:`coulomb_attention.reports.recall`). A run whose training diverges (non-finite loss) is
-recorded as such (``accuracy: null``, ``diverged``: the message) and the grid goes on. Maps
-without particles (``softmax``, ``elu``, ``none``) run once per seed and level (kernel
-``vanilla``; M does not apply).
+:func:`coulomb_attention.studies.recall.run_grid` (``OUT/results.jsonl``, resumable, then the
+report). Maps without particles (``softmax``, ``elu``, ``none``) run once per seed and level
+(kernel ``vanilla``; M does not apply).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..results import append_jsonl, read_jsonl
 from ..train.recall_levels import RECALL_LEVELS
 from ._args import add_progress, fill, list_arg, progress_mode
 
@@ -101,57 +95,13 @@ def grid(args) -> list[tuple[str, RecallRunConfig]]:
     return runs
 
 
-ROUTE_FIELDS = ("init", "objective", "fit", "teacher_train")
-
-
-def _key(config: dict) -> str:
-    """A run's resume key: its resolved config, without the teacher-route fields when the run
-    does not use them (rows written before those fields existed keep their key)."""
-    if config.get("init", "warmup") == "warmup" and \
-            config.get("objective", "token_pair") == "token_pair":
-        config = {k: v for k, v in config.items() if k not in ROUTE_FIELDS}
-    return json.dumps(config, sort_keys=True)
-
-
 def run(args) -> int:
     import torch
 
-    from ..config import to_dict
-    from ..train.recall import run_recall
+    from ..studies.recall import run_grid
 
     torch.set_num_threads(max(int(args.threads), 1))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    results = out / "results.jsonl"
-    done = {_key(r["config"]) for r in read_jsonl(results, repair=True)}
-    todo = grid(args)
-    progress = progress_mode(args)
-    n_done = sum(_key(to_dict(c)) in done for _, c in todo)
-    print(f"recall: {len(todo)} runs, {n_done} already done", flush=True)
-    for i, (level, cfg) in enumerate(todo):
-        key = _key(to_dict(cfg))
-        if key in done:
-            continue
-        t0 = time.perf_counter()
-        route = "" if cfg.init == "warmup" and cfg.objective == "token_pair" else \
-            f" ({cfg.init}, fixed)" if cfg.kernel == "vanilla" else \
-            f" ({cfg.init}, {cfg.objective}, {cfg.fit.method})"
-        name = (f"[{i + 1}/{len(todo)}] {level} {cfg.model.attention}-{cfg.kernel}{route} "
-                f"M={cfg.model.n_features} seed={cfg.seed}")
-        try:
-            row = {"level": level, **run_recall(cfg, progress=progress != "none",
-                                                teacher_dir=out / "teachers")}
-            outcome = f"accuracy {row['accuracy']:.4f}"
-        except FloatingPointError as exc:  # one diverged run is a result, not the grid's end
-            row = {"level": level, "attention": cfg.model.attention, "kernel": cfg.kernel,
-                   "n_features": cfg.model.n_features, "seed": cfg.seed, "accuracy": None,
-                   "diverged": str(exc).splitlines()[0], "config": to_dict(cfg)}
-            outcome = f"DIVERGED ({row['diverged']})"
-        append_jsonl(results, row)
-        done.add(key)
-        print(f"{name}: {outcome} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    from ..reports.recall import write_report
-
-    write_report(out)
+    results = run_grid(grid(args), out, progress=progress_mode(args) != "none")
     print(f"wrote {results}, {out / 'summary.md'}, {out / 'accuracy_vs_M.png'}")
     return 0

@@ -6,6 +6,8 @@
 - :mod:`.demo`           the short fixed-versus-learned demo
 - :mod:`.suite`          every attention x kernel variant of the run pipeline
 - :mod:`.minilm`         the pretrained-encoder comparison
+- :mod:`.recall`         the MQAR grid (resumable result rows, the report)
+- :mod:`.convert_grid`   the conversion comparison over M, seeds, variants and lambda
 - :mod:`.ablation`       the ablation study (what each ingredient buys): one framework, one module
                          per arena (``ablation_synthetic``, ``ablation_mqar``, ``ablation_convert``)
 
