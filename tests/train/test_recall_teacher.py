@@ -168,8 +168,8 @@ def test_bad_teacher_route_configs_raise():
 
 
 def test_the_token_pair_path_keeps_its_resume_key():
-    from coulomb_attention.studies.recall import run_key as _key
     from coulomb_attention.config import to_dict
+    from coulomb_attention.studies.recall import run_key as _key
 
     cfg = to_dict(from_dict(lib.RecallRunConfig, {"kernel": "learned",
                                                   "model": {"attention": "favor"}}))
