@@ -24,12 +24,8 @@ def t_quantile(n: int, level: float = 0.95) -> float:
     return float(stats.t.ppf(0.5 + level / 2, n - 1))
 
 
-def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float, int]:
-    """Mean of the finite ``values`` and its t-interval: ``(mean, low, high, n)``.
-
-    NaN values are dropped; with fewer than 2 values the interval is ``(nan, nan)``.
-    """
-    v = np.asarray([x for x in values if not math.isnan(float(x))], dtype=float)
+def _t_interval(v: np.ndarray, level: float) -> tuple[float, float, float, int]:
+    """Mean of the 1-D sample ``v`` and its t-interval ``(mean, low, high, n)``."""
     n = int(v.size)
     if n == 0:
         return math.nan, math.nan, math.nan, 0
@@ -38,6 +34,15 @@ def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, 
         return mean, math.nan, math.nan, n
     half = t_quantile(n, level) * float(v.std(ddof=1)) / math.sqrt(n)
     return mean, mean - half, mean + half, n
+
+
+def mean_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float, int]:
+    """Mean of the finite ``values`` and its t-interval: ``(mean, low, high, n)``.
+
+    NaN values are dropped; with fewer than 2 values the interval is ``(nan, nan)``.
+    """
+    v = np.asarray([x for x in values if not math.isnan(float(x))], dtype=float)
+    return _t_interval(v, level)
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float],
@@ -49,15 +54,7 @@ def paired_difference(a: Sequence[float], b: Sequence[float],
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired samples must be 1-D of equal length, got {a.shape} and {b.shape}")
-    d = a - b
-    n = int(d.size)
-    if n == 0:
-        return math.nan, math.nan, math.nan, 0
-    mean = float(d.mean())
-    if n < 2:
-        return mean, math.nan, math.nan, n
-    half = t_quantile(n, level) * float(d.std(ddof=1)) / math.sqrt(n)
-    return mean, mean - half, mean + half, n
+    return _t_interval(a - b, level)
 
 
 def loglog_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
