@@ -173,3 +173,40 @@ def test_help_does_not_import_torch():
                          check=True)
     assert "--arena" in out.stdout
     assert json.loads(out.stdout.strip().splitlines()[-1]) is False
+
+
+def test_settings_filter_keeps_prefix_matches_and_refuses_an_empty_plan(fake):
+    fake()
+    plan = make_plan(["fake"], seeds=[0], features=[4], settings=["ha"])
+    assert len(plan) == 3 and {s["setting"] for s in plan} == {"hard"}
+    assert make_plan(["fake"], seeds=[0], features=[4], settings=["easy", "hard"]) == plan
+    with pytest.raises(ValueError, match="no planned run has a setting starting with easy"):
+        make_plan(["fake"], seeds=[0], features=[4], settings=["easy"])
+
+
+def test_waves_put_the_first_run_of_each_cache_group_first(fake, monkeypatch):
+    fake()
+    mod = sys.modules["fake_ablation_arena"]
+    plan = make_plan(["fake"], seeds=[0, 1], features=[4, 8])
+    assert ablation._waves(plan) == [plan]  # no cache_group: one wave
+    monkeypatch.setattr(mod, "cache_group", lambda spec: f"seed{spec['seed']}", raising=False)
+    first, rest = ablation._waves(plan)
+    assert [(s["seed"], s["M"], s["variant"]) for s in first] == [(0, 4, "fixed"), (1, 4, "fixed")]
+    assert len(rest) == len(plan) - 2 and all(s not in first for s in rest)
+
+
+def test_jobs_give_the_same_records_as_one_process(tmp_path):
+    """Worker processes (spawned: the real synthetic arena, importable in a fresh interpreter)
+    write the same records, only in another order."""
+    plan = make_plan(["synthetic"], quick=True, seeds=[0], features=[8],
+                     variants=["fixed", "gradient"])[:4]
+    assert len(plan) == 4
+    one = run_plan(plan, tmp_path / "one", log=lambda s: None)
+    two = run_plan(plan, tmp_path / "two", jobs=2, log=lambda s: None)
+    assert one["ran"] == two["ran"] == 4
+    a = {run_key(r): r["score"] for r in read_jsonl(tmp_path / "one" / "records.jsonl")}
+    b = {run_key(r): r["score"] for r in read_jsonl(tmp_path / "two" / "records.jsonl")}
+    assert a == b
+    assert run_plan(plan, tmp_path / "two", jobs=2, log=lambda s: None)["skipped"] == 4
+    with pytest.raises(ValueError, match="jobs must be a positive integer"):
+        run_plan(plan, tmp_path / "one", jobs=0)

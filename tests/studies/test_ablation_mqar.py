@@ -105,3 +105,18 @@ def test_one_tiny_run_returns_a_contract_record(tmp_path, monkeypatch):
     assert 2 <= len(coul["energy_trace"]) <= 50
     assert all(t["repulsion"] > 0 for t in coul["energy_trace"])
     assert coul["holdout_kl_after"] < coul["holdout_kl_before"]
+
+
+def test_cache_group_is_the_teacher_of_a_level_and_seed():
+    from coulomb_attention.studies.ablation_mqar import cache_group, plan, spec_config
+    from coulomb_attention.train.recall import _teacher_key
+
+    specs = plan(False, [0, 1], [8, 16])
+    by_group: dict = {}
+    for s in specs:
+        by_group.setdefault(cache_group(s), set()).add(
+            json.dumps(_teacher_key(spec_config(s)), sort_keys=True))
+    # one teacher per group, and different groups have different teachers
+    assert sorted(by_group) == ["easy/seed0", "easy/seed1", "hard/seed0", "hard/seed1"]
+    assert all(len(v) == 1 for v in by_group.values())
+    assert len(set().union(*by_group.values())) == 4

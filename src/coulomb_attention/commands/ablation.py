@@ -28,9 +28,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
              help="feature counts (default: each arena's own; full 8 16 32 64 128)")
     list_arg(p, "--variants", default=None, metavar="VARIANT",
              help="only these variants (default: all the arena plans)")
+    list_arg(p, "--settings", default=None, metavar="PREFIX",
+             help="only settings starting with these (e.g. easy, hard/favor, fit64)")
     p.add_argument("--out", default="runs/ablation")
     p.add_argument("--data-dir", default=None, help="datasets folder (convert arena)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (per job)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="worker processes (records are the same for any number)")
     p.add_argument("--report-only", action="store_true",
                    help="write the report from OUT/records.jsonl without running")
 
@@ -45,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(max(1, args.threads))
         counts = run_study(args.arena or [], args.out, quick=args.quick, seeds=args.seeds,
                            features=args.features, variants=args.variants,
-                           data_dir=args.data_dir)
+                           data_dir=args.data_dir, settings=args.settings,
+                           jobs=args.jobs, threads=args.threads)
         print(f"ablation: {counts['ran']} run(s), {counts['skipped']} already done, "
               f"records in {counts['records']}")
     print(f"wrote {write_ablation_report(args.out)}")

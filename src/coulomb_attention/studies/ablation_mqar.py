@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARENA", "COULOMB_LAMS", "MAPS", "OBJECTIVE", "PENDING_VARIANTS", "plan", "run",
-           "spec_config"]
+__all__ = ["ARENA", "COULOMB_LAMS", "MAPS", "OBJECTIVE", "PENDING_VARIANTS", "cache_group",
+           "plan", "run", "spec_config"]
 
 ARENA = "mqar"
 MAPS = ("favor", "porf_softplus")
@@ -104,6 +104,13 @@ def spec_config(spec: dict[str, Any]):
                          "model": {"attention": att, "n_features": int(spec["M"])}})
     over = _merge(over, _variant_overrides(spec["variant"], spec["params"]))
     return from_dict(RecallRunConfig, over)
+
+
+def cache_group(spec: dict[str, Any]) -> str:
+    """The runs sharing one cached softmax teacher: the level and seed (and the quick budget);
+    the map and M do not enter the teacher."""
+    level = str(spec["setting"]).partition("/")[0]
+    return f"{level}/seed{int(spec['seed'])}" + ("/quick" if spec.get("quick") else "")
 
 
 def plan(quick: bool, seeds: list[int], features: list[int] | None) -> list[dict]:
