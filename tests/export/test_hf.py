@@ -348,3 +348,36 @@ def test_encoder_speed_rows_and_card(converted, hf_bert, tmp_path):
                  *small]) == 0
     rows = json.loads((tmp_path / "hf2" / "speed.json").read_text())
     assert f"| 8 | {rows[0]['converted_sps']:.1f} |" in (tmp_path / "hf2" / "README.md").read_text()
+
+
+def test_weighted_checkpoints_round_trip_and_the_export_refuses_them(hf_bert, tmp_path, capsys):
+    from coulomb_attention.nn.bert import MASS_KEY
+    from coulomb_attention.nn.pretrained import save_pretrained_encoder
+
+    model = load_pretrained_encoder(hf_bert, attention="favor", n_features=6, generator=0)
+    layer = model.attention_layers[1]
+    layer.load_masses_(torch.rand(6, generator=torch.Generator().manual_seed(1)) + 0.1)
+    ckpt = save_pretrained_encoder(model, tmp_path / "ckpt")
+    assert MASS_KEY.format(1) in load_file(str(ckpt / "model.safetensors"))
+    assert MASS_KEY.format(0) not in load_file(str(ckpt / "model.safetensors"))
+    back = load_pretrained_encoder(ckpt)
+    assert back.attention_layers[0].mass is None
+    assert torch.equal(back.attention_layers[1].mass, layer.mass)
+    assert torch.allclose(_ours(ckpt), _ours_model(model), atol=1e-6)
+    # the remote code has no masses: the export refuses rather than drop them
+    with pytest.raises(ValueError, match=r"layers \[1\] have weighted particles"):
+        export_hf_directory(ckpt, tmp_path / "hf")
+    rc, err = _run_cli(["export-hf", str(ckpt), str(tmp_path / "hf2")], capsys)
+    assert rc == 2 and "weighted particles" in err and "\n" not in err, err
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "hf2").exists()
+    # tampered masses: negative
+    state = load_file(str(ckpt / "model.safetensors"))
+    state[MASS_KEY.format(1)] = -state[MASS_KEY.format(1)]
+    save_file(state, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"masses .*self\.mass.*non-negative"):
+        load_pretrained_encoder(ckpt)
+
+
+def _ours_model(model, texts=TEXTS) -> torch.Tensor:
+    tok = load_pretrained_tokenizer(model.source)
+    return embed(model, tok, texts, max_length=40, batch_size=2)

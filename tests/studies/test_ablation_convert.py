@@ -31,18 +31,24 @@ def test_plan_shapes_and_names():
     full = arena.plan(False, [0, 1], None)
     assert {s["setting"] for s in full} == {"fit64", "fit256"}
     assert {s["M"] for s in full} == {16, 32, 64, 128}
-    # fixed, gradient, langevin, hedgehog and three Coulomb strengths
-    assert len(full) == 2 * 4 * 2 * 7 and len({run_key(s) for s in full}) == len(full)
+    # fixed, gradient, langevin, hedgehog, weighted and three Coulomb strengths
+    assert len(full) == 2 * 4 * 2 * 8 and len({run_key(s) for s in full}) == len(full)
     quick = arena.plan(True, [0, 1], None)
     assert {s["setting"] for s in quick} == {"fit64-quick"} and {s["M"] for s in quick} == {16}
-    assert len(quick) == 2 * 5
-    with pytest.raises(ValueError, match="valid: fixed, gradient, langevin, coulomb, hedgehog"):
-        arena.plan_with(TINY, [0], [8], variants=("weighted",))
+    assert len(quick) == 2 * 6
+    weighted = [s for s in full if s["variant"] == "weighted"]
+    assert len(weighted) == 2 * 4 * 2  # every setting, M and seed
+    assert all(s["params"] == {"beta": arena.BETA, "lam": arena.WEIGHTED_LAM,
+                               "tau": arena.WEIGHTED_TAU} for s in weighted)
+    assert arena.WEIGHTED_LAM in arena.FULL.lams  # paired with a Coulomb strength
+    with pytest.raises(ValueError, match="valid: fixed, gradient, langevin, coulomb, hedgehog, "
+                                         "weighted"):
+        arena.plan_with(TINY, [0], [8], variants=("nope",))
     with pytest.raises(ValueError, match="even"):
         arena.plan_with(TINY, [0], [7])
 
 
-@pytest.mark.parametrize("variant", ["hedgehog", "coulomb", "gradient", "fixed"])
+@pytest.mark.parametrize("variant", ["hedgehog", "coulomb", "gradient", "fixed", "weighted"])
 def test_tiny_run_record_and_checkpoint(tiny_dir, tmp_path, variant):
     (spec,) = arena.plan_with(TINY, [0], [8], settings=(8,), variants=(variant,),
                               encoder=str(tiny_dir))
@@ -73,6 +79,8 @@ def test_tiny_run_record_and_checkpoint(tiny_dir, tmp_path, variant):
     assert fid["cos_mean"] == pytest.approx(rec["score"], abs=1e-5)
     if variant == "hedgehog":
         assert {la.feature_map for la in model.attention_layers} == {"hedgehog"}
+    # the masses of a weighted conversion are in its checkpoint (and only there)
+    assert all((la.mass is not None) == (variant == "weighted") for la in model.attention_layers)
 
 
 def test_adam_method_moves_untied_omega_and_lowers_the_kl(tiny_dir):
@@ -92,6 +100,37 @@ def test_adam_method_moves_untied_omega_and_lowers_the_kl(tiny_dir):
     om = model.attention_layers[0].omega[0]
     assert model.attention_layers[0].feature_map == "favor"
     assert not torch.allclose(om[:4], -om[4:])  # not Hedgehog's tied [W; -W]
+
+
+def test_weighted_distillation_fits_masses_per_head_and_lowers_the_kl(tiny_dir):
+    tok = load_pretrained_tokenizer(tiny_dir)
+    texts = load_sentences(("sst2",), "train", None, 12, 0)
+    ids, mask = tok.encode_batch([(t,) for t in texts], max_length=16)[:2]
+    model = load_pretrained_encoder(tiny_dir, "favor", 8, share_features=False, generator=0)
+    cfg = DistillConfig(n_examples=9, holdout=3, batch_size=3, rows_per_sequence=0, steps=30,
+                        method="weighted", tau=0.2, lam=0.1, eta=1.0, refine_steps=0)
+    recs = distill_attention(model, ids, mask, cfg, generator=torch.Generator().manual_seed(0))
+    assert all(r["kl_after"] < 0.9 * r["kl_before"] for r in recs), recs
+    assert all(r["method"] == "weighted" and 0 < r["ess"] < 1 for r in recs)
+    for layer in model.attention_layers:
+        mass = layer.mass  # (heads, M): one set of masses per head, each summing to 1
+        assert mass.shape == layer.omega.shape[:2]
+        assert torch.allclose(mass.sum(-1), torch.ones(mass.shape[0], dtype=mass.dtype))
+        assert float(mass.max() / mass.min()) > 1.2
+    # a record's KL is that of the masses now in the layer (the masses enter the objective)
+    from coulomb_attention.energy import TeacherAttention
+    from coulomb_attention.train.distill import capture_teacher_batches, split_examples
+
+    fit_idx = split_examples(12, cfg, torch.Generator().manual_seed(0))[0]
+    layer = model.attention_layers[1]
+    rec = [r for r in recs if r["layer"] == 1 and r["heads"][0] == 0][0]
+    b = capture_teacher_batches(model, 1, ids[fit_idx], mask[fit_idx], batch_size=3,
+                                rows_per_sequence=0, generator=torch.Generator())
+    term = TeacherAttention(layer.feature)
+    om, w = layer.omega[0].double(), layer.mass[0].double()
+    kl_w = term.evaluate(om, [x.heads(slice(0, 1)) for x in b], weights=w)["kl"]
+    kl_u = term.evaluate(om, [x.heads(slice(0, 1)) for x in b])["kl"]
+    assert kl_w == pytest.approx(rec["kl_after"], rel=1e-4) and abs(kl_w - kl_u) > 1e-4
 
 
 def test_hedgehog_checkpoint_round_trip(tiny_dir, tmp_path):

@@ -47,12 +47,19 @@ def test_plan_is_well_formed_and_fair(quick):
     settings = {s["setting"] for s in specs}
     if quick:
         assert settings == {"easy/favor"} and {s["M"] for s in specs} == {16}
-        assert len(specs) <= 3 * 5
+        assert len(specs) <= 3 * 6
     else:
         assert settings == {"easy/favor", "easy/porf_softplus", "hard/favor",
                             "hard/porf_softplus"}
         assert {s["variant"] for s in specs} == {"fixed", "gradient", "langevin", "coulomb",
-                                                 "hedgehog"}
+                                                 "hedgehog", "weighted"}
+    # weighted particles in every setting, at every M and seed, with the Coulomb transport
+    weighted = [s for s in specs if s["variant"] == "weighted"]
+    assert {(s["setting"], s["M"], s["seed"]) for s in weighted} == \
+        {(s["setting"], s["M"], s["seed"]) for s in specs if s["variant"] == "fixed"}
+    for s in weighted:
+        assert s["params"]["lam"] == arena.COULOMB_LAMS[0] and s["params"]["tau"] > 0
+        assert s["params"]["beta"] == arena.LANGEVIN_BETA
     with pytest.raises(ValueError, match="even"):
         arena.plan(False, [0], [15])
 
@@ -71,8 +78,13 @@ def test_specs_map_to_the_teacher_route():
     assert grad.kernel == "learned" and grad.fit.method == "adam"
     assert grad.objective == coul.objective == arena.OBJECTIVE
     assert coul.fit.method == "langevin" and coul.fit.lam == 1.0
-    with pytest.raises(ValueError, match="not implemented"):
-        arena.spec_config({**base, "variant": "weighted", "params": {}})
+    wfr = arena.spec_config({**base, "variant": "weighted",
+                             "params": {"lam": 1.0, "beta": 1e6, "tau": 0.05}})
+    assert wfr.kernel == "learned" and wfr.objective == arena.OBJECTIVE
+    assert (wfr.fit.method, wfr.fit.lam, wfr.fit.beta, wfr.fit.tau) == ("weighted", 1.0, 1e6, 0.05)
+    # the weighted transport is the Coulomb variant's (same schedule and projection)
+    assert (wfr.fit.eta, wfr.fit.eta_end, wfr.fit.steps, wfr.fit.radius, wfr.fit.max_drift) == \
+        (coul.fit.eta, coul.fit.eta_end, coul.fit.steps, coul.fit.radius, coul.fit.max_drift)
     with pytest.raises(ValueError, match="unknown variant"):
         arena.spec_config({**base, "variant": "nope", "params": {}})
     with pytest.raises(ValueError, match="setting"):

@@ -105,6 +105,37 @@ def test_the_fit_lowers_the_held_out_row_kl(objective, method):
         assert torch.equal(om[:, 4:], -om[:, :4])
 
 
+def test_the_weighted_fit_moves_masses_that_the_layer_then_uses():
+    cfg = _cfg(objective="indicator", kernel="learned",
+               fit={"method": "weighted", "steps": 30, "eta": 1.0, "tau": 0.2, "lam": 1.0})
+    train = make_mqar(cfg.task, cfg.n_train, torch.Generator().manual_seed(0))
+    hold = make_mqar(cfg.task, 24, torch.Generator().manual_seed(1))
+    state, _ = lib.train_teacher(cfg, train, hold)
+    model = lib._new_model(cfg.model, 0)
+    load_teacher_weights_(model, state)
+    layer = model.attention_layers[-1]
+    rec = fit_recall_omega(model, train, hold, "indicator", cfg.fit,
+                           torch.Generator().manual_seed(2))
+    assert rec["method"] == "weighted" and rec["holdout_kl_after"] < rec["holdout_kl_before"]
+    mass = layer.mass
+    assert mass is not None and mass.shape == (2, 8)  # one mass per head group and particle
+    assert torch.allclose(mass.sum(-1), torch.ones(2, dtype=mass.dtype), atol=1e-6)
+    assert float(mass.max() / mass.min()) > 1.2 and 0 < rec["ess"] < 1
+    # the record's KL is the objective of the layer as it now attends (masses included)
+    hold_b = teacher_batches(model, len(model.attention_layers) - 1, hold, "indicator",
+                             cfg.fit.batch_size)
+    from coulomb_attention.energy import per_head
+
+    term = TeacherAttention(per_head(layer.feature))
+    kl_w = term.evaluate(layer.omega.double(), hold_b, weights=mass.double())["kl"]
+    kl_u = term.evaluate(layer.omega.double(), hold_b)["kl"]
+    assert abs(kl_w - rec["holdout_kl_after"]) < 1e-5 and abs(kl_u - kl_w) > 1e-4
+    # the masses are part of the model's state (checkpoints) and stay put in phase B
+    assert any(k.endswith(".mass") for k in model.state_dict())
+    lib.fit(lib._ChannelFirst(model), train, cfg.train, seed=0)
+    assert torch.equal(layer.mass, mass)
+
+
 def test_query_rows_sit_at_the_query_positions_with_the_retrieval_target():
     cfg = _cfg()
     data = make_mqar(cfg.task, 8, torch.Generator().manual_seed(3))
@@ -160,6 +191,10 @@ def test_bad_teacher_route_configs_raise():
         _cfg(objective="nope")
     with pytest.raises(ValueError, match="hedgehog"):
         _cfg(fit={"method": "hedgehog"})  # with the token_pair objective
+    with pytest.raises(ValueError, match="weighted"):
+        _cfg(fit={"method": "weighted"})
+    with pytest.raises(ValueError, match="w_min"):
+        RecallFitConfig(method="weighted", w_min=1.5)
     with pytest.raises(ValueError, match="method"):
         RecallFitConfig(method="sgd")
     model = lib._new_model(_cfg().model, 0)

@@ -31,7 +31,7 @@ QUICK = {"n_train": 4000, "n_eval": 300, "warmup_epochs": 2, "train": {"epochs":
 GRID = {"levels": list(LEVELS), "attentions": list(ATTENTIONS),
         "kernels": ["vanilla", "learned"], "n_features": list(N_FEATURES), "seeds": [0, 1, 2]}
 OBJECTIVES = ("token_pair", "teacher", "teacher_query", "indicator")
-FIT_METHODS = ("langevin", "adam", "hedgehog")
+FIT_METHODS = ("langevin", "adam", "hedgehog", "weighted")
 QUICK_GRID = {"levels": ["easy"], "attentions": ["softmax", "favor", "none"],
               "kernels": ["vanilla", "learned"], "n_features": [16], "seeds": [0]}
 
@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "teacher (cached in OUT/teachers); default: warmup for token_pair, "
                         "else teacher")
     p.add_argument("--fit-method", choices=FIT_METHODS, default="langevin",
-                   help="how omega is fitted to the teacher-route objective")
+                   help="how omega is fitted to the teacher-route objective (weighted: WFR "
+                        "particles with masses, docs/recall.md)")
     p.add_argument("--config", type=Path, help="JSON overrides applied to every level")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     add_progress(p)

@@ -27,6 +27,7 @@ from .teacher import (
     TeacherBatch,
     naive_teacher_value,
     per_head,
+    teacher_mass_gradient,
     teacher_rows,
 )
 from .terms import Comm, DataTerm, LabelAlignment, LinearPotential
@@ -42,6 +43,7 @@ __all__ = [
     "TeacherBatch",
     "naive_teacher_value",
     "per_head",
+    "teacher_mass_gradient",
     "teacher_rows",
     "row_block",
     "sharded_riesz_energy_and_grad",

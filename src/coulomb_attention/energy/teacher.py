@@ -25,6 +25,19 @@ across processes exactly (``comm.reduce`` of (sum KL, sum squared error, rows, g
 ``phi`` is any differentiable map ``phi(u (..., d), omega (M, d)) -> (..., M)`` with positive
 values (FAVOR+, softmax features, softplus); the gradient in ``Omega`` is exact (autograd over
 each chunk). The naive twin :func:`naive_teacher_value` loops over rows with the direct formula.
+
+Weighted particles (masses ``w_i``, sum 1; :mod:`coulomb_attention.dynamics.weighted`): with
+``weights=`` the features are scaled by ``sqrt(N w_i)`` (as in a weighted
+:class:`~coulomb_attention.nn.KernelAttention`), i.e. ``K_ts = sum_i N w_i phi_i(q_t) phi_i(k_s)``,
+and :meth:`TeacherAttention.value_and_grad` returns ``(value, (grad_omega, grad_weights), info)``
+with ``grad_weights[i] = dD / dw_i`` (the first variation; autograd).
+:func:`teacher_mass_gradient` is its closed form, a loop over rows (the test oracle):
+
+    dD/dw_i = -(N / #rows) sum_rows phi_i(q_t) [ sum_s p_ts phi_i(k_s) / K_ts
+                                                 - sum_s phi_i(k_s) / sum_s K_ts ]
+
+(the KL part; the rows' targets sum to 1 over the keys they see). ``D`` is invariant to a common
+factor on the masses, so ``sum_i w_i dD/dw_i = 0``.
 """
 
 from __future__ import annotations
@@ -38,7 +51,7 @@ import torch
 from .terms import Comm
 
 __all__ = ["EmbeddingTeacher", "TeacherAttention", "TeacherBatch", "naive_teacher_value",
-           "per_head", "teacher_rows"]
+           "per_head", "teacher_mass_gradient", "teacher_rows"]
 
 FeatureFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -130,8 +143,20 @@ def teacher_rows(batch: TeacherBatch, dtype: torch.dtype = torch.float64) -> tor
     return torch.log_softmax(logits, dim=-1)
 
 
-def _chunk_sums(feature: FeatureFn, w: torch.Tensor, batch: TeacherBatch, output_weight: float):
-    """(sum of row KL, sum of squared output error, rows, differentiable loss) of one chunk."""
+def _mass_scale(mass: torch.Tensor, heads: int) -> torch.Tensor:
+    """``N w`` of masses (M,) or (G, M) as a factor on features (B, H, R, M): (1|H, 1, M)."""
+    n = mass.shape[-1]
+    if mass.ndim == 1:
+        return (n * mass)[None, None, :]
+    G = mass.shape[0]
+    return (n * mass).repeat_interleave(heads // G, dim=0)[:, None, :]
+
+
+def _chunk_sums(feature: FeatureFn, w: torch.Tensor, batch: TeacherBatch, output_weight: float,
+                mass: torch.Tensor | None = None):
+    """(sum of row KL, sum of squared output error, rows, differentiable loss) of one chunk;
+    ``mass`` (M,) or (G, M): the query features are scaled by ``N w_i`` (the kernel of
+    features scaled by ``sqrt(N w_i)`` on both sides)."""
     dtype = w.dtype
     with torch.no_grad():
         logp = teacher_rows(batch, dtype)  # (B, H, R, S)
@@ -140,6 +165,8 @@ def _chunk_sums(feature: FeatureFn, w: torch.Tensor, batch: TeacherBatch, output
     kmask = batch.mask()  # (B, 1, R, S): real (and, causal, earlier) keys of each row
     rmask = batch.row_mask[:, None, :].expand(-1, q.shape[1], -1)  # (B, H, R)
     phi_q = feature(q, w).to(dtype)  # (B, H, R, M)
+    if mass is not None:
+        phi_q = phi_q * _mass_scale(mass, q.shape[1])
     phi_k = feature(k, w).to(dtype) * batch.key_mask[:, None, :, None].to(dtype)  # (B, H, S, M)
     kern = (phi_q @ phi_k.transpose(-1, -2)).masked_fill(~kmask, 0.0)  # (B, H, R, S)
     tiny = torch.finfo(dtype).tiny
@@ -194,12 +221,21 @@ class TeacherAttention:
             raise ValueError(f"output_weight must be finite and >= 0, got {self.output_weight}")
 
     def sums(self, omega: torch.Tensor, batches: Sequence[TeacherBatch], *,
-             grad: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+             grad: bool = True, weights: torch.Tensor | None = None):
         """Additive statistics ``[sum KL, sum squared error, rows]`` (3,) and the gradient of
-        ``sum KL + output_weight * sum SE`` in omega (M, dh) (zeros with ``grad=False``)."""
+        ``sum KL + output_weight * sum SE`` in omega (M, dh) (zeros with ``grad=False``);
+        with ``weights`` (masses, shape ``omega.shape[:-1]``) also its gradient in the masses,
+        as a third item."""
         w = omega.detach().to(self.dtype).requires_grad_(grad)
+        mass = None
+        if weights is not None:
+            if tuple(weights.shape) != tuple(omega.shape[:-1]):
+                raise ValueError(f"weights must have shape {tuple(omega.shape[:-1])}, got "
+                                 f"{tuple(weights.shape)}")
+            mass = weights.detach().to(self.dtype).requires_grad_(grad)
         stats = torch.zeros(3, dtype=self.dtype)
         g = torch.zeros_like(w)
+        gm = None if mass is None else torch.zeros_like(mass)
         m = omega.shape[-2]
         for batch in batches:
             if not isinstance(batch, TeacherBatch):
@@ -214,19 +250,32 @@ class TeacherAttention:
                 if not bool(part.row_mask.any()):
                     continue
                 with torch.set_grad_enabled(grad):
-                    kl, se, loss = _chunk_sums(self.feature, w, part, self.output_weight)
-                    if grad:
+                    kl, se, loss = _chunk_sums(self.feature, w, part, self.output_weight, mass)
+                    if grad and mass is None:
                         (gc,) = torch.autograd.grad(loss, w)
                         g += gc
+                    elif grad:
+                        gc, gmc = torch.autograd.grad(loss, [w, mass])
+                        g += gc
+                        gm += gmc
                 stats += torch.stack([kl.detach(), se.detach(),
                                       torch.tensor(float(part.n_rows), dtype=self.dtype)])
-        return stats, g
+        return (stats, g) if mass is None else (stats, g, gm)
 
     def value_and_grad(self, omega: torch.Tensor, batches: Sequence[TeacherBatch],
-                       comm: Comm | None = None):
+                       comm: Comm | None = None, *, weights: torch.Tensor | None = None):
+        if weights is not None:
+            stats, g, gm = self.sums(omega, batches, weights=weights)
+            if comm is not None:
+                stats, g, gm = comm.reduce([stats, g, gm])
+            value, g, info = self._finish(omega, stats, g, batches)
+            return value, (g, (gm / info["rows"]).to(omega.dtype)), info
         stats, g = self.sums(omega, batches)
         if comm is not None:
             stats, g = comm.reduce([stats, g])
+        return self._finish(omega, stats, g, batches)
+
+    def _finish(self, omega, stats, g, batches):
         rows = float(stats[2])
         if rows == 0:
             raise ValueError("no real query rows in the batches")
@@ -239,9 +288,11 @@ class TeacherAttention:
     __call__ = value_and_grad
 
     def evaluate(self, omega: torch.Tensor, batches: Sequence[TeacherBatch],
-                 comm: Comm | None = None) -> dict[str, float]:
-        """``{"kl", "mse", "rows"}`` without the gradient (no autograd graph)."""
-        stats, _ = self.sums(omega, batches, grad=False)
+                 comm: Comm | None = None, *,
+                 weights: torch.Tensor | None = None) -> dict[str, float]:
+        """``{"kl", "mse", "rows"}`` without the gradient (no autograd graph); ``weights``:
+        the masses of weighted particles (shape ``omega.shape[:-1]``)."""
+        stats = self.sums(omega, batches, grad=False, weights=weights)[0]
         if comm is not None:
             (stats,) = comm.reduce([stats])
         rows = float(stats[2])
@@ -338,10 +389,53 @@ def per_head(feature: FeatureFn) -> FeatureFn:
     return phi
 
 
+def _visible(b: TeacherBatch, i: int, t: int) -> list[int]:
+    last = b.k.shape[2] - 1 if b.row_pos is None else int(b.row_pos[i, t])
+    return [s for s in range(b.k.shape[2]) if bool(b.key_mask[i, s]) and s <= last]
+
+
+def _row_target(b: TeacherBatch, i: int, h: int, t: int, keys: list[int]) -> torch.Tensor:
+    kk = b.k[i, h, keys].double()
+    return (torch.softmax(kk @ b.q[i, h, t].double(), 0) if b.target is None
+            else b.target[i, t, keys].double())
+
+
+def teacher_mass_gradient(feature: FeatureFn, omega: torch.Tensor, weights: torch.Tensor,
+                          batches: Sequence[TeacherBatch]) -> torch.Tensor:
+    """Closed form of ``dD / dw_i`` (the KL part; module doc) by a loop over rows, float64:
+    the oracle of :meth:`TeacherAttention.value_and_grad`'s ``grad_weights``.
+    ``omega`` (N, dh), ``weights`` (N,); returns (N,)."""
+    om, w = omega.double(), weights.double()
+    n = om.shape[0]
+    grad = torch.zeros(n, dtype=torch.float64)
+    rows = 0
+    for b in batches:
+        B, H, R, _ = b.q.shape
+        for i in range(B):
+            for h in range(H):
+                for t in range(R):
+                    if not bool(b.row_mask[i, t]):
+                        continue
+                    keys = _visible(b, i, t)
+                    p = _row_target(b, i, h, t, keys)
+                    fq = feature(b.q[i, h, t].double()[None], om)[0].double()  # (N,)
+                    fk = feature(b.k[i, h, keys].double(), om).double()  # (S', N)
+                    kern = fk @ (n * w * fq)  # (S',)
+                    on = p > 0
+                    first = (p[on, None] * fk[on] / kern[on, None]).sum(0)
+                    second = fk.sum(0) / kern.sum()
+                    grad -= n * fq * (first - second)
+                    rows += 1
+    return grad / rows
+
+
 def naive_teacher_value(feature: FeatureFn, omega: torch.Tensor, batches: Sequence[TeacherBatch],
-                        output_weight: float = 0.0) -> tuple[float, float]:
-    """Naive twin: ``(mean row KL, mean output MSE)`` by a loop over rows, float64."""
+                        output_weight: float = 0.0,
+                        weights: torch.Tensor | None = None) -> tuple[float, float]:
+    """Naive twin: ``(mean row KL, mean output MSE)`` by a loop over rows, float64;
+    ``weights`` (N,): features scaled by ``sqrt(N w_i)``."""
     om = omega.double()
+    scale = None if weights is None else (om.shape[0] * weights.double()).sqrt()
     kl_sum = se_sum = 0.0
     rows = 0
     for b in batches:
@@ -359,6 +453,8 @@ def naive_teacher_value(feature: FeatureFn, omega: torch.Tensor, batches: Sequen
                     p = (torch.softmax(kk @ qt, 0) if b.target is None
                          else b.target[i, t, keys].double())
                     fq = feature(qt[None], om)[0].double()
+                    if scale is not None:
+                        fq = fq * scale * scale
                     kern = torch.stack([fq @ feature(kk[j][None], om)[0].double()
                                         for j in range(len(keys))])
                     a = kern / kern.sum()

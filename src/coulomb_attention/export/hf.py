@@ -78,6 +78,12 @@ def _load(source):
 
 def _hf_config(model) -> dict[str, Any]:
     cfg = model.config
+    weighted = [i for i, layer in enumerate(model.attention_layers)
+                if getattr(layer, "mass", None) is not None]
+    if weighted:
+        raise ValueError(f"layers {weighted} have weighted particles (masses): the remote code "
+                         "does not implement them, so the export would silently drop them; "
+                         "export an unweighted checkpoint")
     if cfg.attention not in EXPORTABLE_MAPS:
         raise ValueError(f"attention {cfg.attention!r} cannot be exported (the remote code "
                          f"implements {', '.join(EXPORTABLE_MAPS)})")

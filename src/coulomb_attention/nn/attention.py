@@ -4,6 +4,17 @@ The layer holds the state (projections, ``omega``); the mathematics lives in
 :mod:`coulomb_attention.features` (the feature maps) and :mod:`.functional` (the attention
 ops). ``omega`` changes only through :meth:`KernelAttention.load_features_` and
 :meth:`KernelAttention.redraw_`, never in ``forward``; it is saved in the ``state_dict``.
+
+Weighted particles (Wasserstein-Fisher-Rao, :mod:`coulomb_attention.dynamics.weighted`): a layer
+may carry a mass per head group and feature, ``mass`` (G, M), each group summing to 1
+(:meth:`KernelAttention.load_masses_`). Feature ``i`` is then scaled by ``sqrt(M mass_i)``, so
+the kernel is ``sum_i M mass_i phi_i(q) phi_i(k)`` and uniform masses ``1/M`` are the unweighted
+layer. Without masses (``mass is None``, the default) the layer is today's, bit for bit, and its
+``state_dict`` has no ``mass`` entry (old checkpoints load unchanged); with masses the
+``state_dict`` carries them and loading one restores them (validated: shape, finite, >= 0).
+FAVOR+ folds ``sqrt(M mass_i)`` into the exponent as ``0.5 log(M mass_i)`` (through one extra
+coordinate, so every fused/causal path is reused unchanged); the other maps multiply the
+features explicitly.
 """
 
 from __future__ import annotations
@@ -123,6 +134,9 @@ class KernelAttention(nn.Module):
         ``(dim, dim)`` projections (``k_proj is q_proj`` with ``tie_qk``).
     omega : torch.Tensor, buffer of shape (1 or heads, M, head_dim)
         ``M = 0`` for ``elu`` and ``softmax``.
+    mass : torch.Tensor of shape (1 or heads, M), or None
+        Particle masses (weighted particles, :meth:`load_masses_`; each group sums to 1),
+        ``None`` (default) for the unweighted layer.
     """
 
     def __init__(
@@ -174,6 +188,7 @@ class KernelAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         groups = 1 if self.share_features else heads
         self.register_buffer("omega", torch.zeros(groups, self.n_features, self.head_dim))
+        self.register_buffer("mass", None)  # (G, M) masses of weighted particles, or None
         if self.has_features:
             self.redraw_(generator)
 
@@ -204,9 +219,70 @@ class KernelAttention(nn.Module):
         self.omega.copy_(omega.to(self.omega).expand(shape))
         return self
 
+    @property
+    def weighted(self) -> bool:
+        """``True`` when the layer carries particle masses (:meth:`load_masses_`)."""
+        return self.mass is not None
+
+    def _validated_masses(self, mass, where: str = "mass") -> torch.Tensor:
+        """``mass`` as a float tensor of shape (G, M), each group normalised to sum 1."""
+        if not self.has_features:
+            raise ValueError(f"feature_map {self.feature_map!r} has no particles to weigh")
+        if not isinstance(mass, torch.Tensor):
+            raise TypeError(f"{where} must be a torch.Tensor, got {type(mass).__name__}")
+        if not mass.is_floating_point():
+            raise TypeError(f"{where} must be a floating tensor, got dtype {mass.dtype}")
+        shape = tuple(self.omega.shape[:2])
+        if tuple(mass.shape) not in (shape, shape[1:]):
+            raise ValueError(f"{where} must have shape {shape} or {shape[1:]}, got "
+                             f"{tuple(mass.shape)}")
+        mass = mass.detach().to(torch.float64).expand(shape)
+        if not bool(torch.isfinite(mass).all()):
+            raise ValueError(f"{where} contains NaN or infinite values")
+        if bool((mass < 0).any()):
+            raise ValueError(f"{where} must be non-negative")
+        total = mass.sum(-1, keepdim=True)
+        if bool((total <= 0).any()):
+            raise ValueError(f"{where} must have a positive sum in every head group")
+        return (mass / total).to(self.omega.dtype)
+
+    @torch.no_grad()
+    def load_masses_(self, mass: torch.Tensor | None) -> KernelAttention:
+        """Give the particles masses: shape ``(M,)`` (every head group) or ``(G, M)``,
+        finite and non-negative, normalised here to sum 1 per group (uniform ``1/M`` is the
+        unweighted layer up to rounding); ``None`` removes them (the unweighted layer, bit for
+        bit). Returns ``self``."""
+        if mass is None:
+            self.mass = None
+            return self
+        self.mass = self._validated_masses(mass).to(self.omega.device)
+        return self
+
+    def feature_scale(self) -> torch.Tensor | None:
+        """``sqrt(M mass)`` (G, M), the factor of each feature, or ``None`` (unweighted)."""
+        if self.mass is None:
+            return None
+        return (self.mass.double() * self.n_features).sqrt()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        key = prefix + "mass"
+        if key in state_dict:  # a weighted checkpoint: validate, then let torch copy it
+            mass = state_dict[key]
+            try:
+                self.mass = self._validated_masses(mass, where=key).to(self.omega.device)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"bad particle masses in the checkpoint: {exc}") from exc
+            if tuple(mass.shape) != tuple(self.mass.shape):
+                raise ValueError(f"bad particle masses in the checkpoint: {key} must have "
+                                 f"shape {tuple(self.mass.shape)}, got {tuple(mass.shape)}")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
     @torch.no_grad()
     def redraw_(self, generator: torch.Generator | int | None = None) -> KernelAttention:
-        """Draw fresh omega from the sampler (independent per head group). Returns ``self``.
+        """Draw fresh omega from the sampler (independent per head group); masses are
+        dropped (the fresh draw is unweighted). Returns ``self``.
 
         ``generator``: a ``torch.Generator`` or an int seed; ``None`` uses torch's global RNG.
         """
@@ -218,6 +294,7 @@ class KernelAttention(nn.Module):
         draws = [sampler(self.n_features, self.head_dim, generator=generator)
                  for _ in range(self.omega.shape[0])]
         self.omega.copy_(torch.stack(draws).to(self.omega))
+        self.mass = None
         return self
 
     # ------------------------------------------------------------------ pieces
@@ -262,12 +339,30 @@ class KernelAttention(nn.Module):
             raise TypeError(f"x must be a floating tensor, got dtype {x.dtype}")
 
     def _phi(self, u: torch.Tensor) -> torch.Tensor:
-        """Unshifted features of (B, H, L, dh) with this layer's omega: (B, H, L, M)."""
+        """Unshifted features of (B, H, L, dh) with this layer's omega (scaled by
+        ``sqrt(M mass)`` when weighted): (B, H, L, M)."""
         om = self.omega
         if om.shape[0] == 1 or self.feature_map == "elu":
-            return self.feature(u, om[0])
-        # one omega per head: the map vectorised over the head dimension (no Python loop)
-        return torch.vmap(self.feature, in_dims=(1, 0), out_dims=1)(u, om)
+            phi = self.feature(u, om[0])
+        else:  # one omega per head: the map vectorised over the head dimension (no loop)
+            phi = torch.vmap(self.feature, in_dims=(1, 0), out_dims=1)(u, om)
+        scale = self.feature_scale()  # (G, M), G = 1 or H
+        if scale is None:
+            return phi
+        return phi * scale[:, None, :].to(phi.dtype)  # (B, H, L, M) * (G, 1, M)
+
+    def _favor_augmented(self, q, k):
+        """FAVOR+ with masses: ``[q, 1]``, ``[k, 1]`` and ``[omega, 0.5 log(M mass)]``, so each
+        feature's exponent gains ``0.5 log(M mass_i)`` (and ``-1/2`` from the extra coordinate
+        in ``|u|^2 / 2``, a constant factor on every feature that cancels in the attention
+        ratio). A zero mass gives a feature that underflows to exactly 0 (the log is floored
+        at -1e4)."""
+        bias = 0.5 * self.feature_scale().square().log().clamp_min(-1e4)  # (G, M)
+        om = torch.cat([self.omega.to(bias.dtype), bias[..., None]], -1).to(self.omega.dtype)
+        one = q.new_ones(q.shape[:-1] + (1,))
+        qa = torch.cat([q, one], -1)
+        ka = qa if k is q else torch.cat([k, k.new_ones(k.shape[:-1] + (1,))], -1)
+        return qa, ka, om
 
     # ------------------------------------------------------------------ forward
 
@@ -315,6 +410,9 @@ class KernelAttention(nn.Module):
             return v
         if name == "favor":
             fn = AF.causal_favor_attention if self.causal else AF.favor_attention
+            if self.mass is not None:
+                qa, ka, om = self._favor_augmented(q, k)
+                return fn(qa, ka, v, om, mask, chunk_size=self.chunk_size, order=self.order)
             return fn(q, k, v, self.omega, mask, chunk_size=self.chunk_size, order=self.order)
         if name == "softmax":
             return _sdpa(q, k, v, mask, self.causal)
@@ -329,7 +427,8 @@ class KernelAttention(nn.Module):
         return (f"dim={self.dim}, heads={self.heads}, feature_map={self.feature_map!r}, "
                 f"n_features={self.n_features}, tie_qk={self.tie_qk}, "
                 f"share_features={self.share_features}"
-                + (", causal=True" if self.causal else ""))
+                + (", causal=True" if self.causal else "")
+                + (", weighted=True" if self.mass is not None else ""))
 
 
 def _sdpa(q, k, v, mask, causal=False):
@@ -367,3 +466,4 @@ def use_hedgehog_map_(layer) -> None:
     layer.spec = HEDGEHOG
     layer.feature_map = "hedgehog"
     layer.load_features_(torch.cat([w, -w], 1))
+    layer.load_masses_(None)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KERNEL_KEY",
+    "MASS_KEY",
     "OMEGA_KEY",
     "PRETRAINED",
     "PretrainedSpec",
@@ -365,6 +366,8 @@ def load_token_embeddings(name_or_path: str | os.PathLike = "minilm") -> torch.T
 KERNEL_KEY = "coulomb_attention"
 #: Name of the particle tensor of layer ``i`` in a converted ``model.safetensors``.
 OMEGA_KEY = "encoder.layer.{}.attention.self.omega"
+#: Name of the particle masses of layer ``i`` (weighted particles; absent when unweighted).
+MASS_KEY = "encoder.layer.{}.attention.self.mass"
 
 
 def save_bert_checkpoint(
@@ -378,7 +381,8 @@ def save_bert_checkpoint(
     """Write a BERT-style checkpoint directory from a :class:`TransformerClassifier` state dict.
 
     ``model.safetensors`` holds the encoder under BERT names (inverse of :func:`bert_key_map`,
-    no prefix) and, with ``kernel``, each layer's particles as :data:`OMEGA_KEY`;
+    no prefix) and, with ``kernel``, each layer's particles as :data:`OMEGA_KEY` (and their
+    masses, when weighted, as :data:`MASS_KEY`);
     ``config.json`` is ``bert_config`` plus the ``kernel`` section (:data:`KERNEL_KEY`);
     ``vocab.txt``/``tokenizer_config.json`` are copied from ``vocab_from``. The result loads with
     :func:`coulomb_attention.nn.pretrained.load_pretrained_encoder` (and its encoder weights
@@ -399,6 +403,9 @@ def save_bert_checkpoint(
         elif kernel is not None and name.startswith("blocks.") and name.endswith(".attn.omega"):
             i = int(name.split(".")[1])
             tensors[OMEGA_KEY.format(i)] = value.detach().to("cpu").contiguous()
+        elif kernel is not None and name.startswith("blocks.") and name.endswith(".attn.mass"):
+            i = int(name.split(".")[1])
+            tensors[MASS_KEY.format(i)] = value.detach().to("cpu").contiguous()
     missing = sorted(set(inverse) - set(state))
     if missing:
         raise ValueError(f"state lacks {len(missing)} encoder tensors, e.g. {missing[:3]}")

@@ -35,6 +35,7 @@ from .._validation import check_positive
 from .attention import use_hedgehog_map_
 from .bert import (
     KERNEL_KEY,
+    MASS_KEY,
     OMEGA_KEY,
     PRETRAINED,
     PretrainedSpec,
@@ -171,12 +172,15 @@ def load_pretrained_encoder(
     gen = torch_generator(generator) if generator is not None else None
     model = PretrainedClassifier(config, generator=gen, source=str(directory))
     state = load_bert_state_dict(directory)
-    omegas = {}
+    omegas, masses = {}, {}
     for i in range(config.layers):
         for prefix in ("", "bert."):
             key = prefix + OMEGA_KEY.format(i)
             if key in state:
                 omegas[i] = state.pop(key)
+            key = prefix + MASS_KEY.format(i)
+            if key in state:
+                masses[i] = state.pop(key)
     converted, unused = convert_bert_state_dict(state, config.layers)
     own = model.state_dict()
     for k, v in converted.items():
@@ -206,6 +210,12 @@ def load_pretrained_encoder(
                 layer.load_features_(omegas[i])
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"{directory}: particles {OMEGA_KEY.format(i)}: {exc}") from exc
+            if i in masses:  # weighted particles
+                try:
+                    layer.load_masses_(masses[i])
+                except (ValueError, TypeError) as exc:
+                    raise ValueError(f"{directory}: particle masses {MASS_KEY.format(i)}: "
+                                     f"{exc}") from exc
     model.unused_keys = unused
     model.bert_config = {k: v for k, v in bert.items() if k != KERNEL_KEY}
     return model.eval()

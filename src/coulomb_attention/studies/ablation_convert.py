@@ -15,9 +15,12 @@ gradient   omega by Adam on the same objectives (``method="adam"``): lam 0, no n
 langevin   projected Langevin, lam 0, finite ``beta`` (the method's defaults)
 coulomb    projected Langevin with Riesz repulsion ``lam`` > 0 at the same ``beta``
 hedgehog   Hedgehog's map ``[softmax(W x), softmax(-W x)]`` at the same M, Adam
+weighted   WFR particles (``method="weighted"``): the Coulomb variant's transport at
+           ``lam`` = :data:`WEIGHTED_LAM` plus masses (reaction ``tau`` = :data:`WEIGHTED_TAU`,
+           birth-death); the refinement moves positions with the masses held
 =========  ==================================================================================
 
-(``weighted``, WFR particles, joins once the distillation has it.) Every run writes its
+Every run writes its
 converted encoder to ``run_dir/checkpoint`` (:func:`~coulomb_attention.nn.pretrained.
 load_pretrained_encoder` reads it, the Hedgehog map included), so any comparison can be
 re-scored on other sentences. A setting's name carries its budget (``fit64`` full,
@@ -38,8 +41,12 @@ __all__ = ["ARENA", "Budget", "FULL", "QUICK", "SETTINGS", "plan", "plan_with", 
 ARENA = "convert"
 #: fit sentences of each setting (the pre-declared low-data regime)
 SETTINGS = (64, 256)
-VARIANTS = ("fixed", "gradient", "langevin", "coulomb", "hedgehog")
+VARIANTS = ("fixed", "gradient", "langevin", "coulomb", "hedgehog", "weighted")
 BETA = 1e6  # the distillation's default inverse temperature (langevin and coulomb)
+#: the weighted variant: the middle Coulomb strength's transport plus masses, so weighted -
+#: coulomb(lam = WEIGHTED_LAM) isolates what the masses buy
+WEIGHTED_LAM = 0.1
+WEIGHTED_TAU = 0.05
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,8 @@ def _params(variant: str, budget: Budget) -> list[dict[str, float]]:
         return [{"beta": BETA}]
     if variant == "coulomb":
         return [{"beta": BETA, "lam": lam} for lam in budget.lams]
+    if variant == "weighted":
+        return [{"beta": BETA, "lam": WEIGHTED_LAM, "tau": WEIGHTED_TAU}]
     return [{}]
 
 
@@ -146,7 +155,9 @@ def _distill_config(spec: dict[str, Any], budget: Budget):
                "langevin": dict(method="langevin", lam=0.0, beta=p.get("beta", BETA)),
                "coulomb": dict(method="langevin", lam=p.get("lam", 0.0),
                                beta=p.get("beta", BETA)),
-               "hedgehog": dict(method="hedgehog", lam=0.0)}
+               "hedgehog": dict(method="hedgehog", lam=0.0),
+               "weighted": dict(method="weighted", lam=p.get("lam", WEIGHTED_LAM),
+                                beta=p.get("beta", BETA), tau=p.get("tau", WEIGHTED_TAU))}
     if v == "coulomb" and not p.get("lam", 0) > 0:
         raise ValueError(f"the coulomb variant needs params lam > 0, got {p!r}")
     return dataclasses.replace(base, **methods[v]) if v in methods else base
@@ -184,9 +195,13 @@ def _diagnostics(model, ids, mask) -> dict[str, float]:
         batches = capture_teacher_batches(model, li, ids, mask, batch_size=ids.shape[0],
                                           rows_per_sequence=0, with_values=False)
         omega = layer.omega.detach().double()  # (H, M, dh)
+        scale = layer.feature_scale()  # (H, M) sqrt(M mass) of a weighted layer, else None
         for h in range(omega.shape[0]):
             u = torch.cat([b.q[:, h][b.row_mask] for b in batches]).double()  # (n, dh)
-            d = particle_diagnostics(omega[h], layer.feature(u, omega[h]))
+            feats = layer.feature(u, omega[h])
+            if scale is not None:
+                feats = feats * scale[h]
+            d = particle_diagnostics(omega[h], feats)
             for k, v in d.items():
                 sums[k] = sums.get(k, 0.0) + v
             count += 1

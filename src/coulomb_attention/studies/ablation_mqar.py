@@ -19,7 +19,11 @@ ones, settings :class:`~coulomb_attention.train.recall_teacher.RecallFitConfig`)
 - ``hedgehog``  Hedgehog's map at the same feature count (Adam on ``W``); the map of the
                 setting only supplies the initial draw (both maps draw the same orthogonal
                 omega), so it runs in the ``favor`` settings only
-- ``weighted``  WFR weighted particles: see :data:`PENDING_VARIANTS` (not planned here yet)
+- ``weighted``  WFR weighted particles (``method="weighted"``): positions by the Coulomb
+                variant's transport (same ``eta`` schedule, ``beta``, ``lam`` =
+                :data:`WEIGHTED_LAM`), masses by the Fisher-Rao reaction (``tau`` =
+                :data:`WEIGHTED_TAU`) with birth-death; the masses scale the features in the
+                objective and in the layer (``params = {"lam", "beta", "tau"}``)
 
 Diagnostics: :func:`~coulomb_attention.dynamics.diagnostics.particle_diagnostics` of the final
 omega with its features of the held-out queries (per head group, averaged).
@@ -31,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARENA", "COULOMB_LAMS", "MAPS", "OBJECTIVE", "PENDING_VARIANTS", "cache_group",
-           "plan", "run", "spec_config"]
+__all__ = ["ARENA", "COULOMB_LAMS", "MAPS", "OBJECTIVE", "PENDING_VARIANTS", "WEIGHTED_LAM",
+           "WEIGHTED_TAU", "cache_group", "plan", "run", "spec_config"]
 
 ARENA = "mqar"
 MAPS = ("favor", "porf_softplus")
@@ -43,10 +47,12 @@ LANGEVIN_BETA = 1e6
 COULOMB_LAMS = (1.0, 10.0)
 ADAM_LR = 0.03
 DEFAULT_FEATURES = (8, 16, 32, 64, 128)
-#: variants this arena does not plan yet. ``weighted`` (Wasserstein-Fisher-Rao particles:
-#: positions and masses, ``dynamics/weighted.py``) needs the teacher row-KL term to take
-#: particle masses; then give it an entry in :func:`_variant_overrides` and plan it.
-PENDING_VARIANTS = ("weighted",)
+#: the weighted variant: the Coulomb variant's transport at its first strength, plus the
+#: reaction step of the masses (docs/ablation.md, "Weighted particles in MQAR")
+WEIGHTED_LAM = COULOMB_LAMS[0]
+WEIGHTED_TAU = 0.05
+#: variants this arena does not plan (none left)
+PENDING_VARIANTS: tuple[str, ...] = ()
 #: where the teachers are cached when ``run`` gets no ``run_dir`` (else ``<out>/mqar_teachers``)
 TEACHER_DIR = Path("runs/ablation/mqar_teachers")
 
@@ -75,10 +81,13 @@ def _variant_overrides(variant: str, params: dict[str, Any]) -> dict[str, Any]:
                                    "beta": params["beta"]}}
     if variant == "hedgehog":
         return {**learned, "fit": {"method": "hedgehog", "lr": params["lr"]}}
+    if variant == "weighted":
+        return {**learned, "fit": {"method": "weighted", "lam": params["lam"],
+                                   "beta": params["beta"], "tau": params["tau"]}}
     if variant in PENDING_VARIANTS:
         raise ValueError(f"variant {variant!r} is not implemented in the MQAR arena yet")
     raise ValueError(f"unknown variant {variant!r}; valid: fixed, gradient, langevin, coulomb, "
-                     "hedgehog")
+                     "hedgehog, weighted")
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -132,6 +141,8 @@ def plan(quick: bool, seeds: list[int], features: list[int] | None) -> list[dict
                                 ("langevin", {"lam": 0.0, "beta": LANGEVIN_BETA})]
                     variants += [("coulomb", {"lam": lam, "beta": LANGEVIN_BETA})
                                  for lam in lams]
+                    variants.append(("weighted", {"lam": WEIGHTED_LAM, "beta": LANGEVIN_BETA,
+                                                  "tau": WEIGHTED_TAU}))
                     if att == "favor":
                         variants.append(("hedgehog", {"lr": ADAM_LR}))
                     for variant, params in variants:
@@ -165,6 +176,7 @@ def run(spec: dict, run_dir: str | None = None) -> dict:
         "fit_accuracy": row.get("fit_accuracy", row["swap_accuracy"]),
         "holdout_kl_before": fit.get("holdout_kl_before"),
         "holdout_kl_after": fit.get("holdout_kl_after"),
+        **{f"fit_{k}": fit[k] for k in ("births", "ess") if k in fit},  # weighted only
         "sequence_accuracy": row["sequence_accuracy"],
         "teacher_cached": row["teacher"]["cached"],
         "config": row["config"],

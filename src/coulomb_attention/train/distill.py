@@ -29,6 +29,15 @@ learned linear map inside the exponential, ``phi(x) = [softmax(W x), softmax(-W 
 ``W`` of shape ``(M/2, d_head)`` (so ``M`` features), trained with Adam on the same loss and the
 same batches; stored in ``omega`` as ``[W; -W]``.
 
+``method="weighted"``: Wasserstein-Fisher-Rao particles
+(:mod:`coulomb_attention.dynamics.weighted`). Each head group's particles carry masses (uniform
+at the start); the row KL sees features scaled by ``sqrt(M w_i)``
+(:class:`~coulomb_attention.energy.TeacherAttention` with ``weights=``); positions follow the
+same projected Langevin transport as ``langevin`` (same ``eta``, ``beta``, ``lam``, one run per
+head group), masses the Fisher-Rao reaction (``tau``) with birth-death below ``w_min / M``.
+The masses go into the layer (``KernelAttention.load_masses_``) and into its checkpoint; the
+joint refinement then moves the positions only, with the masses held.
+
 :func:`align_to_softmax` (the earlier Pearson-alignment phase) is kept as a thin option over
 :func:`distill_attention` for existing callers.
 """
@@ -45,7 +54,7 @@ import torch
 from torch import nn
 
 from .._validation import check_choice, check_nonnegative, check_positive
-from ..dynamics import ParticleConfig, cycle, learn_particles
+from ..dynamics import ParticleConfig, Reaction, cycle, learn_particles
 from ..energy import (
     POTENTIALS,
     EmbeddingTeacher,
@@ -72,7 +81,7 @@ __all__ = [
     "subsample_trace",
 ]
 
-METHODS = ("langevin", "hedgehog", "adam")
+METHODS = ("langevin", "hedgehog", "adam", "weighted")
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -91,7 +100,8 @@ class DistillConfig(ParticleConfig):
     steps : int             steps per layer and head group
     method : str            ``langevin`` (the method), ``hedgehog`` (baseline, Adam) or ``adam``
                             (the same omega by Adam on the same loss: no noise, no repulsion,
-                            no ball; the plain-gradient ablation)
+                            no ball; the plain-gradient ablation) or ``weighted`` (WFR
+                            particles: positions and masses, module doc)
     eta, eta_end : float    Langevin step size, cosine schedule eta -> eta_end
     beta : float            inverse temperature (0: infinity, projected gradient descent)
     lam : float             Riesz repulsion strength (0: none)
@@ -103,6 +113,9 @@ class DistillConfig(ParticleConfig):
     output_weight : float   weight of the output MSE in the data term (0: row KL only)
     lr : float              Adam learning rate of the ``hedgehog`` and ``adam`` methods
     dtype : str             float64 (default) or float32 for the data term
+    tau : float             reaction step of the masses (``weighted``; normalised: the RMS
+                            change of ``log w_i`` per step, following the eta schedule)
+    w_min : float           death threshold of a mass in units of ``1/M`` (``weighted``)
     layers : tuple or None  layer indices to convert (None: all with particles)
     refine_steps : int      steps of the joint refinement after the layer-wise distillation
                             (all layers' particles against the teacher's sentence embeddings,
@@ -140,9 +153,12 @@ class DistillConfig(ParticleConfig):
     refine_max_drift: float = 0.05
     refine_lr: float = 0.01
     refine_examples: int = 4096
+    tau: float = 0.05
+    w_min: float = 0.1
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        Reaction(tau=self.tau, w_min=self.w_min)  # validates both
         for name in ("n_examples", "batch_size", "refine_examples"):
             check_positive(name, getattr(self, name), integer=True)
         for name in ("holdout", "rows_per_sequence", "refine_steps"):
@@ -267,10 +283,10 @@ def subsample_trace(trace: list[dict], n: int) -> list[dict]:
     return out
 
 
-def _evaluate(term, omega, batches, comm):
+def _evaluate(term, omega, batches, comm, weights=None):
     if not batches:
         return {"kl": None, "mse": None}
-    r = term.evaluate(omega, batches, comm)
+    r = term.evaluate(omega, batches, comm, weights=weights)
     return {"kl": r["kl"], "mse": r["mse"]}
 
 
@@ -332,7 +348,8 @@ def distill_attention(
     the group: with the langevin method all groups of a layer move in one run, so this is the
     layer's energy, the mean over its groups; the group's own fit are ``kl_before/after``),
     ``omega_shift``
-    (``|omega - omega0| / |omega0|``), ``n_fit``, ``n_holdout``, ``steps``, ``time_s``.
+    (``|omega - omega0| / |omega0|``), ``n_fit``, ``n_holdout``, ``steps``, ``time_s``;
+    ``weighted`` adds ``ess`` (the group's masses' effective sample size over M).
     """
     if not isinstance(config, DistillConfig):
         raise TypeError(f"config must be a DistillConfig, got {type(config).__name__}")
@@ -382,7 +399,20 @@ def distill_attention(
         before = [(_evaluate(term, omega_all[g], fit_g[g], comm),
                    _evaluate(term, omega_all[g], hold_g[g], comm)) for g in range(groups)]
         traces: list[list[dict]] = []
-        if config.method == "langevin":
+        masses = None
+        if config.method == "weighted":  # WFR: one run per head group (its own masses)
+            order = torch.randperm(len(fit_g[0]), generator=generator).tolist()
+            reaction = Reaction(tau=config.tau, w_min=config.w_min)
+            runs = [learn_particles(
+                Hamiltonian(term, potential, lam=config.lam), omega_all[g], schedule,
+                cycle(fit_g[g], order), projection=projection, generator=noise, comm=comm,
+                normalize_drift=config.normalize_drift, reaction=reaction,
+                progress=f"layer {li} head group {g} (weighted)" if progress else False)
+                for g in range(groups)]
+            new_omega = torch.stack([r.omega for r in runs]).to(dtype)
+            masses = torch.stack([r.weights for r in runs]).to(dtype)  # (G, M)
+            traces = [r.trace for r in runs]
+        elif config.method == "langevin":
             # all head groups in ONE Langevin run (batched over heads, no loop): G independent
             # particle systems (Hamiltonian(groups=G): repulsion within each group only, the
             # data term the mean of the per-group terms, so each particle feels the force of
@@ -419,8 +449,9 @@ def distill_attention(
         layer_records = []
         for g, heads in enumerate(parts):
             omega0, omega = omega_all[g], new_omega[g]
-            after = _evaluate(term, omega, fit_g[g], comm)
-            hold_after = _evaluate(term, omega, hold_g[g], comm)
+            mass = None if masses is None else masses[g]
+            after = _evaluate(term, omega, fit_g[g], comm, mass)
+            hold_after = _evaluate(term, omega, hold_g[g], comm, mass)
             layer_records.append({
                 "layer": li, "heads": [heads.start, heads.stop], "method": config.method,
                 "kl_before": before[g][0]["kl"], "kl_after": after["kl"],
@@ -433,9 +464,12 @@ def distill_attention(
                 "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
                 "n_fit": n_fit, "n_holdout": n_hold, "steps": config.steps,
             })
+            if mass is not None:
+                layer_records[-1]["ess"] = float(1 / (mass * mass).sum()) / mass.shape[0]
             if keep_trace:
                 layer_records[-1]["trace"] = subsample_trace(traces[g], keep_trace)
         layer.load_features_(new_omega.to(layer.omega.dtype))
+        layer.load_masses_(masses)
         elapsed = time.perf_counter() - t0
         if progress:
             kb = sum(r["kl_before"] for r in layer_records) / len(layer_records)
@@ -557,7 +591,9 @@ def refine_encoder(
     student's and the teacher's sentence embeddings, moved by the one driver
     (``config.refine_steps`` steps, ``refine_eta -> refine_eta_end``, drift cap
     ``refine_max_drift``, the same ball, ``beta`` and ``lam``). Only ``omega`` changes. The
-    ``hedgehog`` baseline gets the same refinement with Adam (``refine_lr``) on its ``W``.
+    ``hedgehog`` baseline gets the same refinement with Adam (``refine_lr``) on its ``W``;
+    ``weighted`` layers keep their masses (the layers' buffers) and move their positions by
+    the same Langevin run.
 
     ``input_ids``/``attention_mask`` are the distillation's sequences (and more: the split of
     :func:`split_examples`, drawn from ``generator`` seeded as the distillation's, keeps its

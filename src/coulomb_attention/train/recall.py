@@ -129,8 +129,8 @@ class RecallRunConfig:
         if self.objective in ("teacher", "teacher_query") and self.init != "teacher":
             raise ValueError(f"objective {self.objective!r} fits the teacher's rows: it needs "
                              "init='teacher'")
-        if self.fit.method == "hedgehog" and self.objective == "token_pair":
-            raise ValueError("fit.method 'hedgehog' needs a row objective (teacher, "
+        if self.fit.method in ("hedgehog", "weighted") and self.objective == "token_pair":
+            raise ValueError(f"fit.method {self.fit.method!r} needs a row objective (teacher, "
                              "teacher_query, indicator), not token_pair")
         for name in ("n_train", "n_eval", "warmup_epochs"):
             check_positive(name, getattr(self, name), integer=True)

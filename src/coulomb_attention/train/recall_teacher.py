@@ -26,9 +26,16 @@ Objectives (:data:`OBJECTIVES`), all the causal row KL of
 Fitting methods (:data:`FIT_METHODS`): ``langevin`` (the method: the Hamiltonian
 ``D + lam W_{N,s}`` through :func:`~coulomb_attention.dynamics.learn_particles`; ``lam = 0``
 and finite ``beta`` is the noise-only ablation), ``adam`` (plain Adam on ``D``, no noise, no
-repulsion, projected on the same ball after each step: the reviewer's "gradient" ablation) and
+repulsion, projected on the same ball after each step: the reviewer's "gradient" ablation),
 ``hedgehog`` (Hedgehog's map ``[softmax(W x), softmax(-W x)]`` at the same feature count, Adam
-on ``W``: :func:`~coulomb_attention.train.distill.use_hedgehog_map_`).
+on ``W``: :func:`~coulomb_attention.train.distill.use_hedgehog_map_`) and ``weighted``
+(Wasserstein-Fisher-Rao particles, :mod:`coulomb_attention.dynamics.weighted`: each particle
+carries a mass ``w_i`` (uniform ``1/M`` at the start), the row objective sees features scaled
+by ``sqrt(M w_i)`` (:class:`~coulomb_attention.energy.TeacherAttention` with ``weights=``);
+positions follow the same projected Langevin transport as ``langevin`` (same ``eta``,
+``beta``, ``lam``), masses the Fisher-Rao reaction by ``dD/dw_i`` (step ``tau``, normalised)
+with birth-death below ``w_min / M``; one run per head group. The fitted masses go into the
+layer (:meth:`~coulomb_attention.nn.KernelAttention.load_masses_`) and stay frozen in phase B).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from torch import nn
 
 from .._validation import check_choice, check_positive
 from ..data.mqar import MQARData
-from ..dynamics import ParticleConfig, cycle, learn_particles
+from ..dynamics import ParticleConfig, Reaction, cycle, learn_particles
 from ..dynamics.diagnostics import particle_diagnostics
 from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, per_head
 from ..nn.attention import use_hedgehog_map_
@@ -54,7 +61,7 @@ __all__ = ["FIT_METHODS", "OBJECTIVES", "RecallFitConfig", "fit_recall_omega",
            "load_teacher_weights_", "omega_diagnostics", "teacher_batches"]
 
 OBJECTIVES = ("teacher", "teacher_query", "indicator")
-FIT_METHODS = ("langevin", "adam", "hedgehog")
+FIT_METHODS = ("langevin", "adam", "hedgehog", "weighted")
 TRACE_POINTS = 50
 
 
@@ -66,12 +73,16 @@ class RecallFitConfig(ParticleConfig):
 
     Attributes
     ----------
-    method : str             langevin, adam or hedgehog (module doc)
+    method : str             langevin, adam, hedgehog or weighted (module doc)
     n_examples : int         training sequences the rows come from (the first ones)
     holdout : int            further sequences (not trained on), to measure the row KL
     batch_size : int         sequences per step (one cached mini-batch)
     normalize_drift : bool   scale-free Langevin steps
     lr : float               Adam learning rate (adam, hedgehog)
+    tau : float              reaction step of the masses (weighted): the RMS change of
+                             ``log w_i`` per step (normalised), following the eta schedule
+    w_min : float            death threshold of a mass in units of ``1/M`` (weighted; 0: no
+                             birth-death)
     """
 
     method: str = "langevin"
@@ -90,6 +101,8 @@ class RecallFitConfig(ParticleConfig):
     max_drift: float = 0.3
     normalize_drift: bool = False
     lr: float = 0.03
+    tau: float = 0.05
+    w_min: float = 0.1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,15 +111,16 @@ class RecallFitConfig(ParticleConfig):
         for name in ("n_examples", "holdout", "batch_size"):
             check_positive(name, getattr(self, name), integer=True)
         check_positive("lr", self.lr)
+        Reaction(tau=self.tau, w_min=self.w_min)  # validates both
 
 
 @torch.no_grad()
 def load_teacher_weights_(student: nn.Module, teacher_state: dict[str, torch.Tensor]) -> None:
     """Copy every parameter and buffer of the teacher into ``student`` except the particles
-    (``omega``: the student keeps its own draw). Shapes must match; a missing or extra weight
-    raises ``ValueError``."""
+    (``omega`` and any masses: the student keeps its own). Shapes must match; a missing or
+    extra weight raises ``ValueError``."""
     own = student.state_dict()
-    skip = {k for k in own if k.endswith(".omega")}
+    skip = {k for k in own if k.endswith((".omega", ".mass"))}
     missing = sorted(set(own) - skip - set(teacher_state))
     extra = sorted(set(teacher_state) - set(own))
     if missing or extra:
@@ -192,7 +206,9 @@ def fit_recall_omega(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
     -------
     dict: ``objective``, ``method``, ``kl_before``/``kl_after`` (fitted sequences),
     ``holdout_kl_before``/``holdout_kl_after``, ``omega_shift``, ``energy_trace`` (at most 50
-    points ``{step, energy, data, repulsion}``; ``data`` the mean row KL), ``time_s``.
+    points ``{step, energy, data, repulsion}``; ``data`` the mean row KL), ``time_s``;
+    ``weighted`` adds ``births`` (birth-death events) and ``ess`` (the masses' effective
+    sample size over M, mean over head groups).
     """
     if not isinstance(config, RecallFitConfig):
         raise TypeError(f"config must be a RecallFitConfig, got {type(config).__name__}")
@@ -210,8 +226,10 @@ def fit_recall_omega(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
         grouped = G > 1
         term = TeacherAttention(per_head(layer.feature) if grouped else layer.feature)
 
-        def kl(om, batches):
-            return term.evaluate(om if grouped else om[0], batches)["kl"]
+        def kl(om, batches, mass=None):
+            if mass is not None and not grouped:
+                mass = mass[0]
+            return term.evaluate(om if grouped else om[0], batches, weights=mass)["kl"]
 
         rec: dict[str, Any] = {"objective": objective, "method": config.method,
                                "kl_before": kl(omega0, fit_b),
@@ -219,7 +237,24 @@ def fit_recall_omega(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
         potential, projection, schedule = langevin_setup(config, dh)
         order = torch.randperm(len(fit_b), generator=generator).tolist()
         stream = cycle(fit_b, order)
-        if config.method == "langevin":
+        mass = None
+        if config.method == "weighted":  # WFR: one run per head group (its heads' rows)
+            per = layer.heads // G
+            single = TeacherAttention(layer.feature)
+            noise = torch.Generator().manual_seed(
+                int(torch.randint(0, 2**62, (1,), generator=generator)))
+            reaction = Reaction(tau=config.tau, w_min=config.w_min)
+            runs = [learn_particles(
+                Hamiltonian(single, potential, lam=config.lam), omega0[g], schedule,
+                cycle([b.heads(slice(g * per, (g + 1) * per)) for b in fit_b], order),
+                projection=projection, generator=noise, normalize_drift=config.normalize_drift,
+                reaction=reaction) for g in range(G)]
+            omega = torch.stack([r.omega for r in runs])
+            mass = torch.stack([r.weights for r in runs])  # (G, M)
+            trace = runs[0].trace
+            rec["births"] = sum(r.state.births for r in runs)
+            rec["ess"] = float((1 / (mass * mass).sum(-1)).mean()) / M
+        elif config.method == "langevin":
             ham = Hamiltonian(term, potential, lam=config.lam, groups=G)
             noise = torch.Generator().manual_seed(
                 int(torch.randint(0, 2**62, (1,), generator=generator)))
@@ -239,8 +274,9 @@ def fit_recall_omega(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
             omega = torch.stack([p[0] for p in parts])
             trace = [{**t, "repulsion": 0.0} for t in parts[0][1]]
         layer.load_features_(omega.to(layer.omega.dtype))
+        layer.load_masses_(mass)
         rec.update({
-            "kl_after": kl(omega, fit_b), "holdout_kl_after": kl(omega, hold_b),
+            "kl_after": kl(omega, fit_b, mass), "holdout_kl_after": kl(omega, hold_b, mass),
             "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
             "energy_trace": _subsample(trace, "kl"),
         })
@@ -255,7 +291,8 @@ def fit_recall_omega(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
 def omega_diagnostics(model: nn.Module, data: MQARData, batch_size: int = 256) -> dict[str, float]:
     """:func:`~coulomb_attention.dynamics.diagnostics.particle_diagnostics` of the last attention
     layer's particles with its features of the queries at the query positions of ``data``
-    (held-out), per head group, averaged over the groups."""
+    (held-out), per head group, averaged over the groups; a weighted layer's features are
+    scaled by ``sqrt(M mass)`` as in its attention."""
     li = len(model.attention_layers) - 1
     layer = model.attention_layers[li]
     if not layer.has_features:
@@ -266,10 +303,13 @@ def omega_diagnostics(model: nn.Module, data: MQARData, batch_size: int = 256) -
     q = torch.cat(qs, 1)
     G = layer.omega.shape[0]
     per = layer.heads // G
+    scale = layer.feature_scale()  # (G, M) or None
     out: dict[str, list[float]] = {}
     for g in range(G):
         om = layer.omega[g].double()
         feats = layer.feature(q[g * per:(g + 1) * per].reshape(-1, q.shape[-1]).double(), om)
+        if scale is not None:
+            feats = feats * scale[g]
         for k, v in particle_diagnostics(om, feats).items():
             out.setdefault(k, []).append(v)
     return {k: sum(v) / len(v) for k, v in out.items()}
