@@ -2,18 +2,27 @@
 converted encoder against the original (sentence-transformers), batch 32, lengths 32..512.
 
     coulomb-attention bench encoder runs/convert/favor64/hf --out speed.json
+    coulomb-attention bench encoder --random-init --device cuda --dtype bfloat16 \\
+        --lengths 128 1024 8192 --max-positions 8192 --out gpu/bf16.json
 
 (:func:`coulomb_attention.bench.encoder_speed.encoder_speed`; needs ``transformers`` and
-``sentence-transformers``.)
+``sentence-transformers``.) ``--random-init`` builds both architectures from configurations
+with random weights (:func:`~coulomb_attention.bench.encoder_speed.random_encoder_speed`:
+``transformers`` only, no checkpoint; ``HF_DIR``, optional then, supplies the shapes and the
+remote code). ``--out X.json`` also writes ``X.csv`` and ``X.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("hf_dir", help="a directory written by coulomb-attention export-hf")
+    p.add_argument("hf_dir", nargs="?", default=None,
+                   help="a directory written by coulomb-attention export-hf (optional with "
+                        "--random-init: shapes and remote code; default MiniLM's shapes, "
+                        "FAVOR+ M = 64 per head)")
     p.add_argument("--original", default="minilm",
                    help="minilm or a sentence-transformers directory")
     p.add_argument("--lengths", type=int, nargs="+", default=[32, 64, 128, 256, 512])
@@ -21,21 +30,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=None, help="JSON file for the rows")
+    p.add_argument("--random-init", action="store_true",
+                   help="random weights from configurations: transformers BertModel (SDPA) "
+                        "against the remote code; no checkpoint or sentence-transformers")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights and activations (--random-init only)")
+    p.add_argument("--max-positions", type=int, default=None,
+                   help="position table size of both models (--random-init only; default "
+                        "max(512, longest length))")
+    p.add_argument("--n-features", type=int, default=None,
+                   help="particles M per head (--random-init only; default the config's)")
+    p.add_argument("--out", default=None,
+                   help="JSON file for the rows (.csv and .md written beside it)")
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..bench.encoder_speed import encoder_speed
-    from ..export.hf import speed_markdown
-    from ..results import atomic_write_json
+    from ..bench import encoder_speed as es
+    from ..results import atomic_write_json, atomic_write_text
 
     torch.set_num_threads(max(1, args.threads))
-    rows = encoder_speed(args.hf_dir, args.original, args.lengths, batch_size=args.batch_size,
-                         repeats=args.repeats, device=args.device)
-    print("\n".join(speed_markdown(rows)))
+    if args.random_init:
+        rows = es.random_encoder_speed(args.lengths, args.hf_dir, batch_size=args.batch_size,
+                                       repeats=args.repeats, device=args.device,
+                                       dtype=args.dtype, max_positions=args.max_positions,
+                                       n_features=args.n_features)
+        r0 = rows[0]
+        print(f"random weights (speed only: no pretrained encoder; position table "
+              f"{r0['max_positions']}), {r0['feature_map']} M = {r0['n_features']}, "
+              f"{r0['device']}, {r0['dtype']}, {r0['threads']} thread(s), median of "
+              f"{r0['repeats']} interleaved repeats")
+    else:
+        if args.hf_dir is None:
+            raise ValueError("HF_DIR is required without --random-init")
+        if args.dtype != "float32" or args.max_positions is not None or args.n_features:
+            raise ValueError("--dtype, --max-positions and --n-features need --random-init")
+        rows = es.encoder_speed(args.hf_dir, args.original, args.lengths,
+                                batch_size=args.batch_size, repeats=args.repeats,
+                                device=args.device)
+    table = es.speed_markdown_rows(rows)
+    print("\n".join(table))
     if args.out:
-        atomic_write_json(args.out, rows)
-        print(f"wrote {args.out}")
+        out = Path(args.out)
+        atomic_write_json(out, rows)
+        atomic_write_text(out.with_suffix(".csv"), es.speed_csv(rows))
+        atomic_write_text(out.with_suffix(".md"), "\n".join(table) + "\n")
+        print(f"wrote {out} (+ .csv, .md)")
     return 0
