@@ -117,6 +117,22 @@ def test_mass_is_kept_over_many_steps_with_birth_death():
     assert bool((run.weights >= 0.5 / 24 * (1 - 1e-12)).all())  # no particle left below w_min
 
 
+def test_a_strong_reaction_without_birth_death_stays_finite():
+    """Masses pushed apart by e^hundreds would underflow to 0 (then grad / w is NaN): floored."""
+    g = torch.Generator().manual_seed(0)
+    omega = torch.randn(20, 2, generator=g, dtype=torch.float64)
+    a = torch.tensor([1.5, -0.7], dtype=torch.float64)
+    ham = Hamiltonian(LinearPotential(lambda om: (om @ a) ** 2))
+    run = learn_particles(ham, omega, LangevinSchedule(steps=100, eta=0.01, beta=math.inf),
+                          None, projection=Ball(10.0), generator=g,
+                          reaction=Reaction(tau=20.0, w_min=0.0))
+    w = run.weights
+    assert bool(torch.isfinite(run.omega).all()) and bool((w > 0).all())
+    assert abs(float(w.sum()) - 1) < 1e-12
+    floor = math.exp(math.log(torch.finfo(torch.float64).tiny) + 50)
+    assert float(w.min()) < 1e-200 and float(w.min() / w.max()) >= floor * (1 - 1e-9)
+
+
 def test_birth_death_moves_light_particles_onto_heavy_ones_keeping_mass():
     g = torch.Generator().manual_seed(1)
     omega = torch.arange(5, dtype=torch.float64).unsqueeze(1)  # (5, 1): particle i at i

@@ -82,6 +82,10 @@ def test_specs_map_to_the_teacher_route():
                              "params": {"lam": 1.0, "beta": 1e6, "tau": 0.05}})
     assert wfr.kernel == "learned" and wfr.objective == arena.OBJECTIVE
     assert (wfr.fit.method, wfr.fit.lam, wfr.fit.beta, wfr.fit.tau) == ("weighted", 1.0, 1e6, 0.05)
+    assert wfr.fit.w_min == 0.1  # birth-death at the default threshold unless params say
+    no_bd = arena.spec_config({**base, "variant": "weighted",
+                               "params": {"lam": 1.0, "beta": 1e6, "tau": 0.05, "w_min": 0.0}})
+    assert no_bd.fit.w_min == 0.0 and no_bd.fit.tau == 0.05
     # the weighted transport is the Coulomb variant's (same schedule and projection)
     assert (wfr.fit.eta, wfr.fit.eta_end, wfr.fit.steps, wfr.fit.radius, wfr.fit.max_drift) == \
         (coul.fit.eta, coul.fit.eta_end, coul.fit.steps, coul.fit.radius, coul.fit.max_drift)

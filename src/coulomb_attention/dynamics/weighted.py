@@ -16,8 +16,11 @@ with ``weights=``). One step moves positions and masses:
 with ``tau = 0`` and no deaths the step is the unweighted one, noise stream included). The
 reaction is a mirror-descent (exponentiated-gradient) step of the Fisher-Rao flow
 ``d w_i / dt = -w_i (v_i - <v>_w)``; for a linear energy ``sum_i w_i V(omega_i)`` and no
-transport it is exact: ``w_i(k) ∝ w_i(0) exp(-k tau V(omega_i))``. The reaction renormalises
-(total mass kept to rounding); birth-death keeps the total mass exactly (up to rounding).
+transport it is exact: ``w_i(k) ∝ w_i(0) exp(-k tau V(omega_i))`` (while no mass reaches the
+floor: a mass never falls below ``e^(log tiny + 50)`` times the heaviest, so it cannot underflow
+to 0, where the transport's ``1 / w_i`` would be undefined; without birth-death a strong
+reaction gets there). The reaction renormalises (total mass kept to rounding); birth-death
+keeps the total mass exactly (up to rounding).
 
 Background: conic particle gradient descent (Chizat 2019), neuron birth-death (Rotskoff,
 Jelassi, Bruna & Vanden-Eijnden 2019), birth-death accelerated Langevin (Lu, Lu & Nolen 2019).
@@ -246,7 +249,10 @@ def weighted_langevin(
         new_w = w
         if tau_ > 0:
             log_w = w.log() - tau_ * (v - (w * v).sum())
-            new_w = torch.exp(log_w - log_w.max())
+            # floored so no mass underflows to exactly 0 (the transport divides by w_i):
+            # at most e^(log tiny + 50) of the heaviest (float64 ~1e-286, float32 ~6e-17)
+            floor = math.log(torch.finfo(log_w.dtype).tiny) + 50.0
+            new_w = torch.exp((log_w - log_w.max()).clamp_min(floor))
             new_w = new_w / new_w.sum()
         births = 0
         if w_min > 0:

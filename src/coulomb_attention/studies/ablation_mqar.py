@@ -81,9 +81,10 @@ def _variant_overrides(variant: str, params: dict[str, Any]) -> dict[str, Any]:
                                    "beta": params["beta"]}}
     if variant == "hedgehog":
         return {**learned, "fit": {"method": "hedgehog", "lr": params["lr"]}}
-    if variant == "weighted":
+    if variant == "weighted":  # optional "w_min": the death threshold (default 0.1 / M)
         return {**learned, "fit": {"method": "weighted", "lam": params["lam"],
-                                   "beta": params["beta"], "tau": params["tau"]}}
+                                   "beta": params["beta"], "tau": params["tau"],
+                                   **{k: params[k] for k in ("w_min",) if k in params}}}
     if variant in PENDING_VARIANTS:
         raise ValueError(f"variant {variant!r} is not implemented in the MQAR arena yet")
     raise ValueError(f"unknown variant {variant!r}; valid: fixed, gradient, langevin, coulomb, "
