@@ -76,9 +76,11 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
             if pad is not None:
                 z = z.masked_fill_(pad, -math.inf) if inplace else z.masked_fill(pad, -math.inf)
             shift = z.amax(dim=(-2, -1), keepdim=True)  # (H, B, 1, 1) over the real keys
+            # a sequence without any real key: -inf everywhere, features 0
+            shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
         else:
-            shift = z.amax(-1, keepdim=True)  # (H, B, L, 1)
-        shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift)).detach()
+            shift = z.amax(-1, keepdim=True)  # (H, B, L, 1), finite for finite inputs
+        shift = shift.detach()
         return z.sub_(shift).exp_() if inplace else torch.exp(z - shift)
     if feature_map == "porf_softplus":
         phi = F.softplus(z)
@@ -93,18 +95,69 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
 
 def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, omega: torch.Tensor,
                      feature_map: str, key_mask: torch.Tensor | None = None,
-                     scale: float = 1.0) -> torch.Tensor:
+                     scale: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
     """Normalised ``phi(Q) [phi(K)^T V, phi(K)^T 1]`` of queries and keys ``scale * q``,
     ``scale * k``, q, k (H, B, L, d), v (H, B, L, e) (heads first) with omega (1 or H, M, d):
     (H, B, L, e) in ``v``'s dtype; ``key_mask`` (B, L) bool; a query without any real key
-    gets 0."""
+    gets 0. ``out`` (H, B, L, e), any strides, receives the result when given (no autograd)."""
     dt = _compute_dtype(v)
     q, k, vv, om = q.to(dt), k.to(dt), v.to(dt), omega.to(dt)
     pq = kernel_features(q, om, feature_map, is_query=True, scale=scale)
     pk = kernel_features(k, om, feature_map, is_query=False, key_mask=key_mask, scale=scale)
     kv = torch.cat([pk.transpose(-1, -2) @ vv, pk.sum(-2).unsqueeze(-1)], -1)  # (H, B, M, e+1)
     n = pq @ kv  # (H, B, L, e+1): numerator and normaliser in one product
-    return (n[..., :-1] / n[..., -1:].clamp_min(_TINY)).to(v.dtype)  # (H, B, L, e)
+    num, den = n[..., :-1], n[..., -1:].clamp_min(_TINY)
+    if out is not None and out.dtype == dt:
+        return torch.div(num, den, out=out)
+    res = (num / den).to(v.dtype)  # (H, B, L, e)
+    return res if out is None else out.copy_(res)
+
+
+#: Elements of one (rows, M) feature block of the blocked CPU path (2 MiB in float32: the
+#: features of a block stay in a core's cache between the product that makes them, the
+#: exponential and the products that use them).
+BLOCK_ELEMENTS = 1 << 19
+
+
+def attention_blocks(batch: int, length: int, heads: int, n_features: int,
+                     device: torch.device) -> tuple[int, int]:
+    """``(heads per block, sequences per block)`` of :func:`blocked_kernel_attention`: on the
+    CPU one head and as many sequences as fit :data:`BLOCK_ELEMENTS` (at least one); on an
+    accelerator everything in one block (few, large kernels)."""
+    if device.type != "cpu":
+        return heads, batch
+    return 1, max(1, min(batch, BLOCK_ELEMENTS // max(1, length * n_features)))
+
+
+def blocked_kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             omega: torch.Tensor, feature_map: str,
+                             key_mask: torch.Tensor | None = None, scale: float = 1.0,
+                             blocks: tuple[int, int] | None = None) -> torch.Tensor:
+    """:func:`kernel_attention` of token-major projections q, k, v (B, L, H d) (a linear
+    layer's output, heads side by side) with omega (1 or H, M, d): (B, L, H d), computed
+    block by block (``blocks``: heads and sequences per block, default
+    :func:`attention_blocks`) and written into the output in place: every block's heads are
+    strided views of the projections (no head-first copies) and its (rows, M) features stay
+    in cache. Same values as :func:`kernel_attention` (up to float rounding); no autograd."""
+    B, L, D = q.shape
+    G, M, d = omega.shape
+    H = D // d
+    hb, bb = blocks or attention_blocks(B, L, H, M, q.device)
+    out = torch.empty_like(v)
+
+    def heads(t, h0, h1, b0, b1):  # (h1 - h0, b1 - b0, L, d), a view of t
+        return t[b0:b1].view(b1 - b0, L, H, d)[:, :, h0:h1].permute(2, 0, 1, 3)
+
+    for h0 in range(0, H, hb):
+        h1 = min(H, h0 + hb)
+        om = omega if G == 1 else omega[h0:h1]
+        for b0 in range(0, B, bb):
+            b1 = min(B, b0 + bb)
+            mask = None if key_mask is None else key_mask[b0:b1]
+            kernel_attention(heads(q, h0, h1, b0, b1), heads(k, h0, h1, b0, b1),
+                             heads(v, h0, h1, b0, b1), om, feature_map, mask, scale,
+                             out=heads(out, h0, h1, b0, b1))
+    return out
 
 
 # ---------------------------------------------------------------------------- modules
@@ -148,13 +201,18 @@ class CoulombBertSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
+        q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, H dh)
+        scale = self.head_dim ** -0.25
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                             or v.requires_grad)):
+            return blocked_kernel_attention(q, k, v, self.omega, self.feature_map, key_mask,
+                                            scale)
 
         def split(t):  # heads first: (H, B, T, dh)
             return t.view(B, T, self.heads, self.head_dim).permute(2, 0, 1, 3)
 
-        out = kernel_attention(split(self.query(x)), split(self.key(x)), split(self.value(x)),
-                               self.omega, self.feature_map, key_mask,
-                               scale=self.head_dim ** -0.25)  # (H, B, T, dh)
+        out = kernel_attention(split(q), split(k), split(v), self.omega, self.feature_map,
+                               key_mask, scale=scale)  # (H, B, T, dh)
         return out.permute(1, 2, 0, 3).reshape(B, T, self.heads * self.head_dim)
 
 
