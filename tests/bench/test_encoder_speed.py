@@ -95,6 +95,7 @@ def test_cli_random_init_writes_json_csv_md(tiny_dir, tmp_path, capsys):
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "random weights" in printed and "position table 100" in printed
+    assert out.with_suffix(".md").read_text().startswith("random weights (speed only")
     rows = json.loads(out.read_text())
     assert [r["length"] for r in rows] == [8, 100]
     csv = out.with_suffix(".csv").read_text().splitlines()

@@ -17,7 +17,10 @@ Per layer and head, with queries and keys scaled by ``head_dim ** -0.25``::
 
 computed in float32 (float64 stays float64), in the linear order: O(L M head_dim) per head.
 Factors that cancel in the ratio exactly (``1/sqrt(M)``; for FAVOR+ queries ``exp(-|q|^2/2)``,
-a constant per row) are not computed.
+a constant per row) are not computed. Without autograd on the CPU the kernel runs block by
+block (one head and a few sequences, :func:`blocked_kernel_attention`) on strided views of the
+projections, so that each block's features stay in cache and nothing is copied head-first;
+with autograd, or on an accelerator, in one batched pass (:func:`kernel_attention`).
 The rest is BERT: word + position + token-type embeddings -> LayerNorm, post-norm blocks with
 exact GELU; ``last_hidden_state`` is what sentence-transformers mean-pools.
 """
