@@ -79,8 +79,8 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
             if pad is not None:
                 z = z.masked_fill_(pad, -math.inf) if inplace else z.masked_fill(pad, -math.inf)
             shift = z.amax(dim=(-2, -1), keepdim=True)  # (H, B, 1, 1) over the real keys
-            # a sequence without any real key: -inf everywhere, features 0
-            shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+            if pad is not None:  # a sequence without any real key: -inf everywhere, features 0
+                shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
         else:
             shift = z.amax(-1, keepdim=True)  # (H, B, L, 1), finite for finite inputs
         shift = shift.detach()
