@@ -10,8 +10,8 @@ Per layer and head, with queries and keys scaled by ``head_dim ** -0.25``::
     out_t = phi(q_t) . sum_s phi(k_s) v_s^T  /  phi(q_t) . sum_s phi(k_s)      (padded s left out)
 
     favor          phi(u) = exp(u . w_m - |u|^2 / 2 - shift) / sqrt(M)
-                   shift: the row max for queries, one max over the real keys per (batch, head)
-                   for keys; both cancel in the ratio
+                   shift: for keys one max over the real keys per (batch, head); queries
+                   are normalised over m (a softmax over the M logits); both cancel
     porf_softplus  phi(u) = softplus(u . w_m) / sqrt(M)
     softmax_feat   phi(u) = softmax_m(u . w_m)
 
@@ -65,7 +65,8 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
     (the scale is applied to omega, the smaller tensor).
 
     Up to factors that cancel in the attention ratio: a constant per query row (FAVOR+'s
-    ``-|q|^2/2`` and its row-max shift) or per (batch, head) (``1/sqrt(M)``, the key shift).
+    ``-|q|^2/2``, its row-max shift and row sum: the query features are a softmax over the M
+    logits) or per (batch, head) (``1/sqrt(M)``, the key shift).
     ``key_mask`` (B, L) bool, True = real token (keys only). Without autograd the large
     (H, B, L, M) tensors are updated in place (no fresh allocation per step).
     """
@@ -73,16 +74,15 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
     z = feature_logits(u, omega * scale)  # (H, B, L, M): (scale u) . w
     pad = None if key_mask is None or is_query else ~key_mask[None, :, :, None]
     if feature_map == "favor":
-        if not is_query:
-            sq = (0.5 * scale * scale) * (u * u).sum(-1, keepdim=True)  # (H, B, L, 1)
-            z = z.sub_(sq) if inplace else z - sq
-            if pad is not None:
-                z = z.masked_fill_(pad, -math.inf) if inplace else z.masked_fill(pad, -math.inf)
-            shift = z.amax(dim=(-2, -1), keepdim=True)  # (H, B, 1, 1) over the real keys
-            if pad is not None:  # a sequence without any real key: -inf everywhere, features 0
-                shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-        else:
-            shift = z.amax(-1, keepdim=True)  # (H, B, L, 1), finite for finite inputs
+        if is_query:  # exp(z - row max) / row sum in one fused pass: per-row factors cancel
+            return torch.softmax(z, -1)
+        sq = (0.5 * scale * scale) * (u * u).sum(-1, keepdim=True)  # (H, B, L, 1)
+        z = z.sub_(sq) if inplace else z - sq
+        if pad is not None:
+            z = z.masked_fill_(pad, -math.inf) if inplace else z.masked_fill(pad, -math.inf)
+        shift = z.amax(dim=(-2, -1), keepdim=True)  # (H, B, 1, 1) over the real keys
+        if pad is not None:  # a sequence without any real key: -inf everywhere, features 0
+            shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
         shift = shift.detach()
         return z.sub_(shift).exp_() if inplace else torch.exp(z - shift)
     if feature_map == "porf_softplus":
