@@ -76,8 +76,9 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
     if feature_map == "favor":
         if is_query:  # exp(z - row max) / row sum in one fused pass: per-row factors cancel
             return torch.softmax(z, -1)
-        sq = (0.5 * scale * scale) * (u * u).sum(-1, keepdim=True)  # (H, B, L, 1)
-        z = z.sub_(sq) if inplace else z - sq
+        sq = (u * u).sum(-1, keepdim=True)  # (H, B, L, 1), times scale^2 / 2 in the sub
+        c = 0.5 * scale * scale
+        z = z.sub_(sq, alpha=c) if inplace else torch.sub(z, sq, alpha=c)
         if pad is not None:
             z = z.masked_fill_(pad, -math.inf) if inplace else z.masked_fill(pad, -math.inf)
         shift = z.amax(dim=(-2, -1), keepdim=True)  # (H, B, 1, 1) over the real keys
