@@ -259,8 +259,13 @@ def test_attention_blocks_fit_the_cache_on_cpu_and_are_whole_elsewhere():
     hb, bb = remote.attention_blocks(32, 256, 12, 64, cpu)
     assert hb == 1 and bb * 256 * 64 <= remote.BLOCK_ELEMENTS < (bb + 1) * 256 * 64
     assert remote.attention_blocks(32, 1 << 16, 12, 64, cpu) == (1, 1)  # at least a sequence
-    assert remote.attention_blocks(2, 8, 12, 64, cpu) == (1, 2)  # at most the batch
+    assert remote.attention_blocks(3, 1024, 12, 64, cpu) == (1, 3)  # at most the batch
     assert remote.attention_blocks(32, 256, 12, 64, cuda) == (12, 32)
+    # a short batch whose features fit one block: one block, not one call per head
+    assert remote.attention_blocks(2, 8, 12, 64, cpu) == (12, 2)
+    n = remote.BLOCK_ELEMENTS // (12 * 64)
+    assert remote.attention_blocks(1, n, 12, 64, cpu) == (12, 1)
+    assert remote.attention_blocks(1, n + 1, 12, 64, cpu)[0] == 1
 
 
 def _run_cli(argv, capsys):
