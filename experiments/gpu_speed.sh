@@ -8,11 +8,12 @@
 #
 # Writes $OUT/env.txt and, per dtype, $OUT/gpu_<dtype>.{json,csv,md,log}. Overrides: DEVICE
 # (cuda), DTYPES ("float32 bfloat16"), LENGTHS ("128 ... 8192"), BATCH (32; halved per length on
-# out-of-memory, the row says the batch it ran at), REPEATS (5), THREADS (4), PYTHON (python).
+# out-of-memory, the row says the batch it ran at), REPEATS (5), THREADS (4), PYTHON (python,
+# else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to an output directory}"
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python || command -v python3)}
 DEVICE=${DEVICE:-cuda}
 DTYPES=${DTYPES:-"float32 bfloat16"}
 LENGTHS=${LENGTHS:-"128 256 512 1024 2048 4096 8192"}

@@ -63,6 +63,11 @@ def test_random_encoder_speed_rows(tiny_dir, dtype):
         assert r["batch_size"] == r["batch_size_asked"] == 3 and len(r["original_s"]) == 2
         assert math.isclose(r["converted_sps"], 3 / statistics.median(r["converted_s"]))
         assert math.isclose(r["original_sps"], 3 / statistics.median(r["original_s"]))
+        pairs = [o / c for c, o in zip(r["converted_s"], r["original_s"], strict=True)]
+        assert math.isclose(r["paired_ratio"], statistics.median(pairs))
+        assert math.isclose(r["cpu_ratio"], statistics.median(r["original_cpu_s"])
+                            / statistics.median(r["converted_cpu_s"]))
+        assert all(c > 0 for c in r["converted_cpu_s"] + r["original_cpu_s"])
     with pytest.raises(ValueError, match="exceed the position table"):
         es.random_encoder_speed((64,), tiny_dir, batch_size=1, repeats=1, max_positions=48)
     with pytest.raises(ValueError, match="dtype must be one of"):
@@ -95,14 +100,18 @@ def test_cli_random_init_writes_json_csv_md(tiny_dir, tmp_path, capsys):
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "random weights" in printed and "position table 100" in printed
+    assert out.with_suffix(".md").read_text().startswith("random weights (speed only")
     rows = json.loads(out.read_text())
     assert [r["length"] for r in rows] == [8, 100]
     csv = out.with_suffix(".csv").read_text().splitlines()
     assert csv[0].startswith("length,batch_size,dtype") and len(csv) == 3
     ratio = rows[1]["converted_sps"] / rows[1]["original_sps"]
     assert csv[2].startswith("100,2,float32,cpu,1,1,")
-    assert math.isclose(float(csv[2].split(",")[-1]), ratio, rel_tol=1e-3)
+    assert math.isclose(float(csv[2].split(",")[-3]), ratio, rel_tol=1e-3)
+    assert math.isclose(float(csv[2].split(",")[-1]), rows[1]["cpu_ratio"], rel_tol=1e-3)
     assert f"| 100 | 2 | float32 | {rows[1]['converted_sps']:.1f} |" in \
+        out.with_suffix(".md").read_text()
+    assert f"| {rows[1]['paired_ratio']:.2f} | {rows[1]['cpu_ratio']:.2f} |" in \
         out.with_suffix(".md").read_text()
     # flags that need --random-init, and a missing HF_DIR without it: one line, exit 2
     for argv, msg in [(["bench", "encoder", str(tiny_dir), "--dtype", "bfloat16"],

@@ -216,6 +216,58 @@ def test_remote_kernel_matches_the_project_ops():
     assert float((shared - AF.favor_attention(q, k, v, omega[:1], mask)).abs().max()) < 1e-12
 
 
+@pytest.mark.parametrize("feature_map", ["favor", "porf_softplus", "softmax_feat"])
+@pytest.mark.parametrize("groups", [1, 3])
+def test_blocked_remote_kernel_equals_the_plain_one(feature_map, groups):
+    """The blocked in-place CPU path (token-major views, one head and a few sequences per
+    block) gives the plain heads-first kernel's values for every block shape, padded batches
+    and a sequence without any real key included."""
+    from coulomb_attention.export import modeling_coulomb_bert as remote
+
+    B, L, H, d, M = 5, 9, 3, 4, 6
+    g = torch.Generator().manual_seed(2)
+    mask = torch.rand(B, L, generator=g) > 0.3
+    mask[:, 0] = True
+    mask[3] = False  # no real key: output 0
+    for dtype, tol in [(torch.float64, 1e-12), (torch.float32, 1e-5)]:
+        q, k, v = (2 * torch.randn(B, L, H * d, generator=g, dtype=dtype) for _ in range(3))
+        omega = torch.randn(groups, M, d, generator=g, dtype=dtype)
+
+        def split(t):
+            return t.view(B, L, H, d).permute(2, 0, 1, 3)
+
+        ref = remote.kernel_attention(split(q), split(k), split(v), omega, feature_map, mask,
+                                      0.7).permute(1, 2, 0, 3).reshape(B, L, H * d)
+        assert float(ref[3].abs().max()) == 0 and float(ref[0].abs().max()) > 0.1
+        for blocks in [(1, 1), (1, 2), (2, 3), (3, 5), (3, 7), None]:
+            got = remote.blocked_kernel_attention(q, k, v, omega, feature_map, mask, 0.7,
+                                                  blocks)
+            assert got.dtype == dtype and got.shape == (B, L, H * d)
+            assert float((got - ref).abs().max()) < tol, (dtype, blocks)
+    # bf16 projections: computed in float32, returned in bf16
+    qb, kb, vb = (t.to(torch.bfloat16) for t in (q, k, v))
+    got = remote.blocked_kernel_attention(qb, kb, vb, omega.float(), feature_map, mask, 0.7)
+    ref = remote.kernel_attention(split(qb), split(kb), split(vb), omega.float(), feature_map,
+                                  mask, 0.7).permute(1, 2, 0, 3).reshape(B, L, H * d)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, ref)
+
+
+def test_attention_blocks_fit_the_cache_on_cpu_and_are_whole_elsewhere():
+    from coulomb_attention.export import modeling_coulomb_bert as remote
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    hb, bb = remote.attention_blocks(32, 256, 12, 64, cpu)
+    assert hb == 1 and bb * 256 * 64 <= remote.BLOCK_ELEMENTS < (bb + 1) * 256 * 64
+    assert remote.attention_blocks(32, 1 << 16, 12, 64, cpu) == (1, 1)  # at least a sequence
+    assert remote.attention_blocks(3, 1024, 12, 64, cpu) == (1, 3)  # at most the batch
+    assert remote.attention_blocks(32, 256, 12, 64, cuda) == (12, 32)
+    # a short batch whose features fit one block: one block, not one call per head
+    assert remote.attention_blocks(2, 8, 12, 64, cpu) == (12, 2)
+    n = remote.BLOCK_ELEMENTS // (12 * 64)
+    assert remote.attention_blocks(1, n, 12, 64, cpu) == (12, 1)
+    assert remote.attention_blocks(1, n + 1, 12, 64, cpu)[0] == 1
+
+
 def _run_cli(argv, capsys):
     capsys.readouterr()
     rc = main(argv)

@@ -786,3 +786,34 @@ def test_causal_favor_gradients_stay_finite_where_a_row_normaliser_is_denormal(m
     assert all(bool(torch.isfinite(g).all()) for g in fast)
     assert rel_err(fast[1].double(), k.grad) < 1e-4 and rel_err(fast[2].double(), v.grad) < 1e-4
     assert float((fast[0].double() - q.grad).abs().max()) < 1e-5 * float(k.grad.abs().max())
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_blocked_inference_favor_matches_naive(monkeypatch, groups):
+    """The blocked CPU inference path (one head and a few sequences per block, views of
+    token-major inputs) equals the naive twin, padding and a sequence without keys included,
+    and ``favor_attention`` takes it only without autograd and above one block of features."""
+    from coulomb_attention.nn.ops import favor as FV
+
+    B, H, T, d = 5, 3, 7, 8
+    g = _gen(3)
+    x = [torch.randn(B, T, H * d, generator=g, dtype=torch.float64) for _ in range(3)]
+    q, k, v = (t.view(B, T, H, d).transpose(1, 2) for t in x)  # token-major, as from a Linear
+    omega = torch.randn(groups, 6, d, generator=g, dtype=torch.float64)
+    mask = _mask(B, T, [7, 4, 1, 0, 6])  # the fourth sequence has no real key
+    ref = AF.naive_favor_attention(q, k, v, omega, mask)
+    assert float(ref[3].abs().max()) == 0.0
+    for block in (1, 2 * T * 6, 3 * T * 6 + 5, 1 << 30):  # one sequence, 2, 3 (uneven), all
+        monkeypatch.setattr(FV, "BLOCK_ELEMENTS", block)
+        out = FV.favor_attention_blocked(q, k, v, omega, mask)
+        assert rel_err(out, ref) < 1e-12, block
+        assert out.transpose(1, 2).is_contiguous()  # token-major: the module's reshape is free
+    monkeypatch.setattr(FV, "BLOCK_ELEMENTS", 2 * T * 6)
+    assert FV.use_blocked_inference(q, k, v, omega)
+    with torch.no_grad():
+        assert rel_err(AF.favor_attention(q, k, v, omega, mask, order="linear"), ref) < 1e-12
+    qg = q.detach().requires_grad_()
+    assert not FV.use_blocked_inference(qg, k, v, omega)  # autograd: the batched pass
+    assert FV.use_blocked_inference(qg.detach(), k, v, omega)
+    monkeypatch.setattr(FV, "BLOCK_ELEMENTS", B * H * 2 * T * 6)  # everything fits one block
+    assert not FV.use_blocked_inference(q, k, v, omega)

@@ -21,6 +21,7 @@ bfloat16 or float16, and with a position table enlarged past the pretrained 512 
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import sys
@@ -41,11 +42,35 @@ DTYPES = ("float32", "bfloat16", "float16")
 _EXPORT_DIR = Path(__file__).resolve().parent.parent / "export"
 
 
-def _timed(fn, sync) -> float:
-    t0 = time.perf_counter()
+def _timed(fn, sync) -> tuple[float, float]:
+    """(wall, process CPU) seconds of one synchronised call."""
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
     sync()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _interleaved(run_converted, run_original, repeats: int, sync) -> dict[str, Any]:
+    """``repeats`` interleaved timings (converted, original, converted, ...) and their
+    summaries: ``converted_s``, ``original_s`` (wall), ``*_cpu_s`` (process CPU time);
+    ``paired_ratio`` the median over repeats of original / converted wall time of neighbouring
+    calls (robust to load that drifts between repeats), ``cpu_ratio`` the ratio of median CPU
+    times (robust to time-slicing by other processes at one thread)."""
+    tc, to = [], []
+    for _ in range(repeats):
+        tc.append(_timed(run_converted, sync))
+        to.append(_timed(run_original, sync))
+    med = statistics.median
+    return {"converted_s": [w for w, _ in tc], "original_s": [w for w, _ in to],
+            "converted_cpu_s": [c for _, c in tc], "original_cpu_s": [c for _, c in to],
+            "paired_ratio": med([o[0] / c[0] for c, o in zip(tc, to, strict=True)]),
+            "cpu_ratio": med([c for _, c in to]) / max(med([c for _, c in tc]), 1e-12)}
+
+
+def _speed_row(length: int, batch: int, times: dict[str, Any]) -> dict[str, Any]:
+    return {"length": int(length),
+            "converted_sps": batch / statistics.median(times["converted_s"]),
+            "original_sps": batch / statistics.median(times["original_s"]), **times}
 
 
 def encoder_speed(
@@ -79,7 +104,8 @@ def encoder_speed(
     list of dict
         One row per length: ``length``, ``converted_sps``, ``original_sps`` (sentences per
         second, median batch time), ``converted_s``, ``original_s`` (every batch time),
-        ``batch_size``, ``repeats``, ``threads``, ``device``.
+        ``converted_cpu_s``, ``original_cpu_s``, ``paired_ratio``, ``cpu_ratio`` (see
+        :func:`_interleaved`), ``batch_size``, ``repeats``, ``threads``, ``device``.
     """
     import torch
     from sentence_transformers import SentenceTransformer
@@ -120,14 +146,9 @@ def encoder_speed(
 
         run_converted(), run_original()  # warm-up
         sync()
-        tc, to = [], []
-        for _ in range(repeats):
-            tc.append(_timed(run_converted, sync))
-            to.append(_timed(run_original, sync))
-        rows.append({"length": int(L), "converted_sps": batch_size / statistics.median(tc),
-                     "original_sps": batch_size / statistics.median(to), "converted_s": tc,
-                     "original_s": to, "batch_size": batch_size, "repeats": repeats,
-                     "threads": torch.get_num_threads(), "device": device})
+        times = _interleaved(run_converted, run_original, repeats, sync)
+        rows.append({**_speed_row(L, batch_size, times), "batch_size": batch_size,
+                     "repeats": repeats, "threads": torch.get_num_threads(), "device": device})
     return rows
 
 
@@ -271,7 +292,7 @@ def random_encoder_speed(
         batch = batch_size
         while True:
             try:
-                tc, to = _time_pair(conv, orig, L, batch, repeats, vocab, gen, device, sync)
+                times = _time_pair(conv, orig, L, batch, repeats, vocab, gen, device, sync)
                 break
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
                 if not _is_oom(exc) or batch == 1:
@@ -279,9 +300,8 @@ def random_encoder_speed(
                 if cuda:
                     torch.cuda.empty_cache()
                 batch //= 2
-        rows.append({"length": int(L), "converted_sps": batch / statistics.median(tc),
-                     "original_sps": batch / statistics.median(to), "converted_s": tc,
-                     "original_s": to, "batch_size": batch, "batch_size_asked": batch_size,
+        rows.append({**_speed_row(L, batch, times), "batch_size": batch,
+                     "batch_size_asked": batch_size,
                      "repeats": repeats, "threads": torch.get_num_threads(), "device": device,
                      "dtype": dtype, "max_positions": limit,
                      "n_features": int(conv.config.n_features),
@@ -290,7 +310,7 @@ def random_encoder_speed(
 
 
 def _time_pair(conv, orig, L, batch, repeats, vocab, gen, device, sync):
-    """Median-ready batch times ``(converted, original)`` of ``repeats`` interleaved runs."""
+    """:func:`_interleaved` timings of both models on one random batch after a warm-up."""
     import torch
 
     ids = torch.randint(min(1000, vocab // 2), vocab, (batch, L), generator=gen).to(device)
@@ -308,31 +328,33 @@ def _time_pair(conv, orig, L, batch, repeats, vocab, gen, device, sync):
 
     run_converted(), run_original()  # warm-up
     sync()
-    tc, to = [], []
-    for _ in range(repeats):
-        tc.append(_timed(run_converted, sync))
-        to.append(_timed(run_original, sync))
-    return tc, to
+    return _interleaved(run_converted, run_original, repeats, sync)
 
 
 def speed_markdown_rows(rows: list[dict[str, Any]]) -> list[str]:
-    """Rows of :func:`random_encoder_speed` as a Markdown table with batch and dtype."""
+    """Speed rows as a Markdown table with batch, dtype and the three ratios converted /
+    original: of the median times, ``paired`` (median over neighbouring calls) and of the
+    median CPU times."""
     lines = ["| tokens | batch | dtype | converted (sent/s) | original (sent/s) | "
-             "converted / original |", "|---:|---:|---|---:|---:|---:|"]
+             "converted / original | paired | CPU time |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['length']} | {r['batch_size']} | {r.get('dtype', 'float32')} | "
                      f"{r['converted_sps']:.1f} | {r['original_sps']:.1f} | "
-                     f"{r['converted_sps'] / r['original_sps']:.2f} |")
+                     f"{r['converted_sps'] / r['original_sps']:.2f} | "
+                     f"{r.get('paired_ratio', float('nan')):.2f} | "
+                     f"{r.get('cpu_ratio', float('nan')):.2f} |")
     return lines
 
 
 def speed_csv(rows: list[dict[str, Any]]) -> str:
     """Rows as CSV (one line per length; the per-batch times left out)."""
     cols = ["length", "batch_size", "dtype", "device", "threads", "repeats", "converted_sps",
-            "original_sps", "ratio"]
+            "original_sps", "ratio", "paired_ratio", "cpu_ratio"]
     lines = [",".join(cols)]
     for r in rows:
-        vals = {**r, "dtype": r.get("dtype", "float32"),
+        vals = {"paired_ratio": math.nan, "cpu_ratio": math.nan, **r,
+                "dtype": r.get("dtype", "float32"),
                 "ratio": r["converted_sps"] / r["original_sps"]}
         lines.append(",".join(f"{vals[c]:.4f}" if isinstance(vals[c], float) else str(vals[c])
                               for c in cols))

@@ -57,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
                                        dtype=args.dtype, max_positions=args.max_positions,
                                        n_features=args.n_features)
         r0 = rows[0]
-        print(f"random weights (speed only: no pretrained encoder; position table "
-              f"{r0['max_positions']}), {r0['feature_map']} M = {r0['n_features']}, "
-              f"{r0['device']}, {r0['dtype']}, {r0['threads']} thread(s), median of "
-              f"{r0['repeats']} interleaved repeats")
+        caption = (f"random weights (speed only: no pretrained encoder; position table "
+                   f"{r0['max_positions']}), {r0['feature_map']} M = {r0['n_features']}, "
+                   f"{r0['device']}, {r0['dtype']}, {r0['threads']} thread(s), median of "
+                   f"{r0['repeats']} interleaved repeats")
     else:
         if args.hf_dir is None:
             raise ValueError("HF_DIR is required without --random-init")
@@ -69,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
         rows = es.encoder_speed(args.hf_dir, args.original, args.lengths,
                                 batch_size=args.batch_size, repeats=args.repeats,
                                 device=args.device)
-    table = es.speed_markdown_rows(rows)
+        caption = (f"{args.hf_dir} against {args.original} (sentence-transformers), "
+                   f"{args.device}, {rows[0]['threads']} thread(s), median of {args.repeats} "
+                   "interleaved repeats")
+    table = [caption, "", *es.speed_markdown_rows(rows)]
     print("\n".join(table))
     if args.out:
         out = Path(args.out)

@@ -17,8 +17,9 @@ so that ``transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True)`` 
 package, and the directory still loads with
 :func:`coulomb_attention.nn.pretrained.load_pretrained_encoder` (same tensor names, the kernel
 section kept). The remote code computes the attention with the plain linear-order formula of
-:mod:`coulomb_attention.nn.ops` (same maps, scalings, shifts and padding), so its pooled,
-normalised embeddings equal :func:`coulomb_attention.convert.embed` to float32 rounding.
+:mod:`coulomb_attention.nn.ops` (same maps, scalings, shifts and padding; on the CPU without
+autograd block by block, one head and a few sequences at a time), so its pooled, normalised
+embeddings equal :func:`coulomb_attention.convert.embed` to float32 rounding.
 """
 
 from __future__ import annotations

@@ -10,14 +10,17 @@ Per layer and head, with queries and keys scaled by ``head_dim ** -0.25``::
     out_t = phi(q_t) . sum_s phi(k_s) v_s^T  /  phi(q_t) . sum_s phi(k_s)      (padded s left out)
 
     favor          phi(u) = exp(u . w_m - |u|^2 / 2 - shift) / sqrt(M)
-                   shift: the row max for queries, one max over the real keys per (batch, head)
-                   for keys; both cancel in the ratio
+                   shift: for keys one max over the real keys per (batch, head); queries
+                   are normalised over m (a softmax over the M logits); both cancel
     porf_softplus  phi(u) = softplus(u . w_m) / sqrt(M)
     softmax_feat   phi(u) = softmax_m(u . w_m)
 
 computed in float32 (float64 stays float64), in the linear order: O(L M head_dim) per head.
 Factors that cancel in the ratio exactly (``1/sqrt(M)``; for FAVOR+ queries ``exp(-|q|^2/2)``,
-a constant per row) are not computed.
+a constant per row) are not computed. Without autograd on the CPU the kernel runs block by
+block (one head and a few sequences, :func:`blocked_kernel_attention`) on strided views of the
+projections, so that each block's features stay in cache and nothing is copied head-first;
+with autograd, or on an accelerator, in one batched pass (:func:`kernel_attention`).
 The rest is BERT: word + position + token-type embeddings -> LayerNorm, post-norm blocks with
 exact GELU; ``last_hidden_state`` is what sentence-transformers mean-pools.
 """
@@ -62,7 +65,8 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
     (the scale is applied to omega, the smaller tensor).
 
     Up to factors that cancel in the attention ratio: a constant per query row (FAVOR+'s
-    ``-|q|^2/2`` and its row-max shift) or per (batch, head) (``1/sqrt(M)``, the key shift).
+    ``-|q|^2/2``, its row-max shift and row sum: the query features are a softmax over the M
+    logits) or per (batch, head) (``1/sqrt(M)``, the key shift).
     ``key_mask`` (B, L) bool, True = real token (keys only). Without autograd the large
     (H, B, L, M) tensors are updated in place (no fresh allocation per step).
     """
@@ -70,15 +74,17 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
     z = feature_logits(u, omega * scale)  # (H, B, L, M): (scale u) . w
     pad = None if key_mask is None or is_query else ~key_mask[None, :, :, None]
     if feature_map == "favor":
-        if not is_query:
-            sq = (0.5 * scale * scale) * (u * u).sum(-1, keepdim=True)  # (H, B, L, 1)
-            z = z.sub_(sq) if inplace else z - sq
-            if pad is not None:
-                z = z.masked_fill_(pad, -math.inf) if inplace else z.masked_fill(pad, -math.inf)
-            shift = z.amax(dim=(-2, -1), keepdim=True)  # (H, B, 1, 1) over the real keys
-        else:
-            shift = z.amax(-1, keepdim=True)  # (H, B, L, 1)
-        shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift)).detach()
+        if is_query:  # exp(z - row max) / row sum in one fused pass: per-row factors cancel
+            return torch.softmax(z, -1)
+        sq = (u * u).sum(-1, keepdim=True)  # (H, B, L, 1), times scale^2 / 2 in the sub
+        c = 0.5 * scale * scale
+        z = z.sub_(sq, alpha=c) if inplace else torch.sub(z, sq, alpha=c)
+        if pad is not None:
+            z = z.masked_fill_(pad, -math.inf) if inplace else z.masked_fill(pad, -math.inf)
+        shift = z.amax(dim=(-2, -1), keepdim=True)  # (H, B, 1, 1) over the real keys
+        if pad is not None:  # a sequence without any real key: -inf everywhere, features 0
+            shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+        shift = shift.detach()
         return z.sub_(shift).exp_() if inplace else torch.exp(z - shift)
     if feature_map == "porf_softplus":
         phi = F.softplus(z)
@@ -93,18 +99,71 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
 
 def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, omega: torch.Tensor,
                      feature_map: str, key_mask: torch.Tensor | None = None,
-                     scale: float = 1.0) -> torch.Tensor:
+                     scale: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
     """Normalised ``phi(Q) [phi(K)^T V, phi(K)^T 1]`` of queries and keys ``scale * q``,
     ``scale * k``, q, k (H, B, L, d), v (H, B, L, e) (heads first) with omega (1 or H, M, d):
     (H, B, L, e) in ``v``'s dtype; ``key_mask`` (B, L) bool; a query without any real key
-    gets 0."""
+    gets 0. ``out`` (H, B, L, e), any strides, receives the result when given (no autograd)."""
     dt = _compute_dtype(v)
     q, k, vv, om = q.to(dt), k.to(dt), v.to(dt), omega.to(dt)
     pq = kernel_features(q, om, feature_map, is_query=True, scale=scale)
     pk = kernel_features(k, om, feature_map, is_query=False, key_mask=key_mask, scale=scale)
     kv = torch.cat([pk.transpose(-1, -2) @ vv, pk.sum(-2).unsqueeze(-1)], -1)  # (H, B, M, e+1)
     n = pq @ kv  # (H, B, L, e+1): numerator and normaliser in one product
-    return (n[..., :-1] / n[..., -1:].clamp_min(_TINY)).to(v.dtype)  # (H, B, L, e)
+    num, den = n[..., :-1], n[..., -1:].clamp_min(_TINY)
+    if out is not None and out.dtype == dt:
+        return torch.div(num, den, out=out)
+    res = (num / den).to(v.dtype)  # (H, B, L, e)
+    return res if out is None else out.copy_(res)
+
+
+#: Elements of one (rows, M) feature block of the blocked CPU path (2 MiB in float32: the
+#: features of a block stay in a core's cache between the product that makes them, the
+#: exponential and the products that use them).
+BLOCK_ELEMENTS = 1 << 19
+
+
+def attention_blocks(batch: int, length: int, heads: int, n_features: int,
+                     device: torch.device) -> tuple[int, int]:
+    """``(heads per block, sequences per block)`` of :func:`blocked_kernel_attention`: on the
+    CPU one head and as many sequences as fit :data:`BLOCK_ELEMENTS` (at least one); on an
+    accelerator, or when the features of all heads fit one block (a short batch: there the
+    per-block calls would cost more than they save, e.g. 0.76 against 0.12 ms for one
+    sentence of 16 tokens), everything in one block (few, large kernels)."""
+    if device.type != "cpu" or heads * batch * length * n_features <= BLOCK_ELEMENTS:
+        return heads, batch
+    return 1, max(1, min(batch, BLOCK_ELEMENTS // max(1, length * n_features)))
+
+
+def blocked_kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             omega: torch.Tensor, feature_map: str,
+                             key_mask: torch.Tensor | None = None, scale: float = 1.0,
+                             blocks: tuple[int, int] | None = None) -> torch.Tensor:
+    """:func:`kernel_attention` of token-major projections q, k, v (B, L, H d) (a linear
+    layer's output, heads side by side) with omega (1 or H, M, d): (B, L, H d), computed
+    block by block (``blocks``: heads and sequences per block, default
+    :func:`attention_blocks`) and written into the output in place: every block's heads are
+    strided views of the projections (no head-first copies) and its (rows, M) features stay
+    in cache. Same values as :func:`kernel_attention` (up to float rounding); no autograd."""
+    B, L, D = q.shape
+    G, M, d = omega.shape
+    H = D // d
+    hb, bb = blocks or attention_blocks(B, L, H, M, q.device)
+    out = torch.empty_like(v)
+
+    def heads(t, h0, h1, b0, b1):  # (h1 - h0, b1 - b0, L, d), a view of t
+        return t[b0:b1].view(b1 - b0, L, H, d)[:, :, h0:h1].permute(2, 0, 1, 3)
+
+    for h0 in range(0, H, hb):
+        h1 = min(H, h0 + hb)
+        om = omega if G == 1 else omega[h0:h1]
+        for b0 in range(0, B, bb):
+            b1 = min(B, b0 + bb)
+            mask = None if key_mask is None else key_mask[b0:b1]
+            kernel_attention(heads(q, h0, h1, b0, b1), heads(k, h0, h1, b0, b1),
+                             heads(v, h0, h1, b0, b1), om, feature_map, mask, scale,
+                             out=heads(out, h0, h1, b0, b1))
+    return out
 
 
 # ---------------------------------------------------------------------------- modules
@@ -148,13 +207,18 @@ class CoulombBertSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
+        q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, H dh)
+        scale = self.head_dim ** -0.25
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                             or v.requires_grad)):
+            return blocked_kernel_attention(q, k, v, self.omega, self.feature_map, key_mask,
+                                            scale)
 
         def split(t):  # heads first: (H, B, T, dh)
             return t.view(B, T, self.heads, self.head_dim).permute(2, 0, 1, 3)
 
-        out = kernel_attention(split(self.query(x)), split(self.key(x)), split(self.value(x)),
-                               self.omega, self.feature_map, key_mask,
-                               scale=self.head_dim ** -0.25)  # (H, B, T, dh)
+        out = kernel_attention(split(q), split(k), split(v), self.omega, self.feature_map,
+                               key_mask, scale=scale)  # (H, B, T, dh)
         return out.permute(1, 2, 0, 3).reshape(B, T, self.heads * self.head_dim)
 
 

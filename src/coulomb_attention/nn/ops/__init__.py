@@ -21,9 +21,11 @@ from .favor import (
     UNCHUNKED_MAX_FEATURES,
     default_chunk_size,
     favor_attention,
+    favor_attention_blocked,
     favor_features,
     linear_is_unchunked,
     quadratic_is_cheaper,
+    use_blocked_inference,
 )
 from .linear import linear_attention
 from .reference import naive_favor_attention, naive_linear_attention, softmax_attention
@@ -40,6 +42,7 @@ __all__ = [
     "clear_workspace",
     "default_chunk_size",
     "favor_attention",
+    "favor_attention_blocked",
     "favor_features",
     "linear_attention",
     "linear_is_unchunked",
@@ -47,4 +50,5 @@ __all__ = [
     "naive_linear_attention",
     "quadratic_is_cheaper",
     "softmax_attention",
+    "use_blocked_inference",
 ]

@@ -30,15 +30,18 @@ from .fused import _FavorFn
 from .quadratic import favor_attention_linear_short, favor_attention_quadratic
 
 __all__ = [
+    "BLOCK_ELEMENTS",
     "LINEAR_OVERHEAD",
     "QUADRATIC_COST_RATIO",
     "UNCHUNKED_COST_RATIO",
     "UNCHUNKED_MAX_FEATURES",
     "default_chunk_size",
     "favor_attention",
+    "favor_attention_blocked",
     "favor_features",
     "linear_is_unchunked",
     "quadratic_is_cheaper",
+    "use_blocked_inference",
 ]
 
 
@@ -149,6 +152,45 @@ def quadratic_is_cheaper(T: int, S: int, n_features: int, e: int, groups: int = 
     return quad <= ratio * groups * (T + S) * n_features * (e + 1) + overhead
 
 
+#: Feature elements ((T + S) M) of one block of :func:`favor_attention_blocked` (2 MiB of
+#: float32: one head of a few sequences, in cache from the product that makes the features to
+#: the products that use them).
+BLOCK_ELEMENTS = 1 << 19
+
+
+def use_blocked_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          omega: torch.Tensor) -> bool:
+    """Whether the linear order runs block by block (:func:`favor_attention_blocked`): on the
+    CPU, without autograd, when the features of all heads exceed one block (below, one batched
+    pass costs less than a call per head) and one sequence's fit one."""
+    B, H, T, _ = q.shape
+    S, M = k.shape[2], omega.shape[1]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, omega))
+    return (q.device.type == "cpu" and not grad and B * H * (T + S) * M > BLOCK_ELEMENTS
+            and (T + S) * M <= UNCHUNKED_MAX_FEATURES)
+
+
+def favor_attention_blocked(q, k, v, w, key_mask=None):
+    """:func:`.quadratic.favor_attention_linear_short` one head and a few sequences at a time
+    (inference; inputs in the compute dtype): each block's q, k, v are views of the inputs (no
+    head-first copies of token-major projections) and its features stay in cache.
+
+    q (B, H, T, d), k (B, H, S, d), v (B, H, S, e), w (1 or H, M, d), key_mask (B, S) or None.
+    Returns ``out`` (B, H, T, e), laid out token-major (``out.transpose(1, 2)`` is contiguous).
+    """
+    B, H, T, _ = q.shape
+    S, e, M = k.shape[2], v.shape[3], w.shape[1]
+    out = torch.empty(B, T, H, e, dtype=v.dtype, device=v.device).transpose(1, 2)
+    bb = max(1, min(B, BLOCK_ELEMENTS // ((T + S) * M)))
+    for h in range(H):
+        wh = w if w.shape[0] == 1 else w[h:h + 1]
+        for b0 in range(0, B, bb):
+            blk = (slice(b0, b0 + bb), slice(h, h + 1))
+            mask = None if key_mask is None else key_mask[b0:b0 + bb]
+            out[blk] = favor_attention_linear_short(q[blk], k[blk], v[blk], wh, mask)
+    return out
+
+
 def _check_order(order: str) -> str:
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
@@ -201,6 +243,10 @@ def favor_attention(
     - ``"auto"`` (default): the quadratic order where :func:`quadratic_is_cheaper` says so,
       else ``"linear"``.
 
+    On the CPU without autograd the linear order (``"auto"``, ``"linear"``) runs one head and a
+    few sequences at a time where :func:`use_blocked_inference` says so
+    (:func:`favor_attention_blocked`: same values, features in cache, no head-first copies).
+
     Parameters
     ----------
     q : torch.Tensor, shape (B, H, T, d)
@@ -231,6 +277,8 @@ def favor_attention(
         qq, kk, vv, om = (t.to(dt) for t in (q, k, v, omega))
         if quadratic:
             out = favor_attention_quadratic(qq, kk, vv, om, key_mask)
+        elif order != "chunked" and use_blocked_inference(qq, kk, vv, om):
+            out = favor_attention_blocked(qq, kk, vv, om, key_mask)
         elif order != "chunked" and linear_is_unchunked(T, S, M, B * H):
             out = favor_attention_linear_short(qq, kk, vv, om, key_mask)
         else:  # all batches and heads in one fused pass (per-head omega: one per group)
