@@ -161,6 +161,8 @@ def test_cli_lora_flag_errors_exit_2(tiny_dir, tmp_path, capsys):
     for argv, msg in [(["--lora-rank", "-1"], "--lora-rank must be"),
                       (["--lora-steps", "5"], "needs --lora-rank > 0"),
                       (["--lora-with-particles"], "needs --lora-rank > 0"),
+                      (["--lora-objective", "tokens"], "--lora-objective needs --lora-rank"),
+                      (["--lora-rank", "2", "--lora-aux-weight", "0"], "aux_weight"),
                       (["--lora-rank", "17"], "LoRA rank must be at most"),
                       (["--lora-rank", "2", "--lora-lr", "-1"], "lr"),
                       (["--lora-rank", "2", "--variant", "vanilla"], "particles variant"),
