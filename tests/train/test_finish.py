@@ -185,13 +185,15 @@ def test_cli_lora_run_reports_both_rows(tiny_dir, tmp_path):
                str(sent), "--n-sentences", "9", "--holdout", "3", "--steps", "2",
                "--batch-size", "3", "--max-length", "16", "--eval-sentences", "8",
                "--refine-steps", "3", "--probe-tasks", "--lora-rank", "2", "--lora-steps", "3",
-               "--out", str(out), "--no-progress"])
+               "--lora-objective", "tokens", "--out", str(out), "--no-progress"])
     assert rc == 0
     res = json.loads((out / "result.json").read_text())
     assert res["config"]["finish"]["rank"] == 2 and res["lowrank"]["finish"]["steps"] == 3
+    assert res["lowrank"]["finish"]["objective"] == "tokens"
     assert res["lowrank"]["fidelity"] != res["fidelity"]
     report = (out / "report.md").read_text()
     assert "## Low-rank finishing" in report and "| low-rank finished (rank 2) |" in report
+    assert "objective tokens (hidden-state weight 1)" in report
     assert "| pure linear (layer-wise + refinement) | particles |" in report, report
     assert (out / "lowrank" / "checkpoint" / "model.safetensors").is_file()
 
