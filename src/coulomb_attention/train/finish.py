@@ -126,8 +126,8 @@ class FinishConfig:
         if not isinstance(self.with_particles, bool):
             raise TypeError(f"with_particles must be a bool, got {self.with_particles!r}")
         targets = tuple(self.targets)
-        if not targets or any(t not in ALL_TARGETS for t in targets) or len(set(targets)) != len(
-                targets):
+        bad = [t for t in targets if t not in ALL_TARGETS]
+        if not targets or bad or len(set(targets)) != len(targets):
             raise ValueError(f"targets must be distinct names among {', '.join(ALL_TARGETS)}, "
                              f"got {targets!r}")
         object.__setattr__(self, "targets", targets)
