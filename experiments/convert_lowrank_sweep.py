@@ -1,7 +1,10 @@
-"""Low-rank finishing of an existing converted checkpoint over ranks / learning rates / steps.
+"""Low-rank finishing of an existing converted checkpoint over ranks / learning rates / steps /
+objectives.
 
     python experiments/convert_lowrank_sweep.py CHECKPOINT --data-dir ../shared/data \\
-        --ranks 4 8 16 --lrs 2e-3 --steps 200 [--with-particles] [--out sweep.jsonl]
+        --ranks 4 8 16 --lrs 2e-3 --steps 200 --objectives embedding tokens layers \\
+        [--aux-weights 1] [--targets q_proj k_proj v_proj out_proj [fc1 fc2]] \\
+        [--with-particles] [--out sweep.jsonl]
 
 CHECKPOINT is a pure-linear conversion (``OUT/checkpoint`` of ``coulomb-attention convert``
 with the default sentences, seed 0); the finishing uses the conversion's sentences and split
@@ -37,6 +40,10 @@ def main() -> None:
     p.add_argument("--ranks", type=int, nargs="+", default=[8])
     p.add_argument("--lrs", type=float, nargs="+", default=[2e-3])
     p.add_argument("--steps", type=int, nargs="+", default=[200])
+    p.add_argument("--objectives", nargs="+", default=["embedding"],
+                   help="FinishConfig.objective values (train.finish.OBJECTIVES)")
+    p.add_argument("--aux-weights", type=float, nargs="+", default=[1.0])
+    p.add_argument("--targets", nargs="+", default=None, help="(default: FinishConfig's)")
     p.add_argument("--with-particles", action="store_true")
     p.add_argument("--refine-sentences", type=int, default=4096,
                    help="sentences the finishing fits on (the conversion's default: 4,096)")
@@ -54,27 +61,29 @@ def main() -> None:
     data = embedding_data(teacher, ids, mask, dc, torch.Generator().manual_seed(cfg.seed))
     held = load_sentences(cfg.tasks, "eval", args.data_dir, cfg.eval_sentences, 10_000 + cfg.seed)
     target = embed(teacher, tok, held, cfg.max_length, cfg.batch_size)
-    for rank in args.ranks:
-        for lr in args.lrs:
-            for steps in args.steps:
-                model = load_pretrained_encoder(args.checkpoint)
-                t0 = time.perf_counter()
-                rec = finish_lowrank(model, teacher, ids, mask, dc, FinishConfig(
-                    rank=rank, lr=lr, steps=steps, with_particles=args.with_particles),
-                    generator=torch.Generator().manual_seed(cfg.seed), data=data)
-                row = {"rank": rank, "lr": lr, "steps": steps, "n_train": rec["n_train"],
-                       "with_particles": args.with_particles,
-                       "time_s": time.perf_counter() - t0, "finish": rec,
-                       "fidelity": embedding_fidelity(target, embed(model, tok, held,
-                                                                    cfg.max_length))}
-                line = json.dumps(row)
-                print(f"rank {rank} lr {lr:g} steps {steps}: held-out (train split) "
-                      f"{rec['holdout_cos_before']:.4f} -> {rec['holdout_cos_after']:.4f}, "
-                      f"eval cos {row['fidelity']['cos_mean']:.4f} (p5 "
-                      f"{row['fidelity']['cos_p5']:.4f}), {row['time_s']:.0f} s", flush=True)
-                if args.out:
-                    with open(args.out, "a", encoding="utf-8") as f:
-                        f.write(line + "\n")
+    targets = {} if args.targets is None else {"targets": tuple(args.targets)}
+    grid = [(r, lr, st, ob, w) for r in args.ranks for lr in args.lrs for st in args.steps
+            for ob in args.objectives for w in (args.aux_weights if ob != "embedding" else [1.0])]
+    for rank, lr, steps, objective, weight in grid:
+        model = load_pretrained_encoder(args.checkpoint)
+        t0 = time.perf_counter()
+        rec = finish_lowrank(model, teacher, ids, mask, dc, FinishConfig(
+            rank=rank, lr=lr, steps=steps, with_particles=args.with_particles,
+            objective=objective, aux_weight=weight, **targets),
+            generator=torch.Generator().manual_seed(cfg.seed), data=data)
+        row = {"rank": rank, "lr": lr, "steps": steps, "objective": objective,
+               "aux_weight": rec["aux_weight"], "targets": rec["targets"],
+               "n_train": rec["n_train"], "with_particles": args.with_particles,
+               "threads": args.threads, "time_s": time.perf_counter() - t0, "finish": rec,
+               "fidelity": embedding_fidelity(target, embed(model, tok, held, cfg.max_length))}
+        print(f"rank {rank} lr {lr:g} steps {steps} {objective} (w {rec['aux_weight']}) "
+              f"{'+'.join(rec['targets'])}: {rec['trained_params']} trained; held-out (train "
+              f"split) {rec['holdout_cos_before']:.4f} -> {rec['holdout_cos_after']:.4f}, fit "
+              f"{rec['cos_after']:.4f}, eval cos {row['fidelity']['cos_mean']:.4f} (p5 "
+              f"{row['fidelity']['cos_p5']:.4f}), {row['time_s']:.0f} s", flush=True)
+        if args.out:
+            with open(args.out, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

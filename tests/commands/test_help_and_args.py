@@ -200,6 +200,16 @@ def test_convert_flag_tables_match_the_configs():
     dist_fields = {f.name for f in dataclasses.fields(DistillConfig)}
     assert set(cmd.CONVERT_FLAGS.values()) <= conv_fields
     assert set(cmd.DISTILL_FLAGS.values()) <= dist_fields
+    from coulomb_attention.nn.lora import ALL_TARGETS
+    from coulomb_attention.train.finish import OBJECTIVES, FinishConfig
+
+    assert cmd.LORA_OBJECTIVES == tuple(OBJECTIVES) and cmd.LORA_TARGETS == ALL_TARGETS
+    assert set(cmd.LORA_FLAGS.values()) <= {f.name for f in dataclasses.fields(FinishConfig)}
+    argv = ["convert", "--out", "x", "--lora-rank", "4", "--lora-objective", "layers",
+            "--lora-targets", "q_proj", "fc1"]
+    fin = cmd.config_from_args(build_parser(argv).parse_args(argv)).finish
+    assert (fin.rank, fin.objective, fin.targets) == (4, "layers", ("q_proj", "fc1"))
+    assert (fin.steps, fin.aux_weight) == (FinishConfig().steps, FinishConfig().aux_weight)
     # a flag not given takes the config's default; a given one wins
     argv = ["convert", "--out", "x", "--steps", "7", "--tasks", "sst2"]
     args = build_parser(argv).parse_args(argv)

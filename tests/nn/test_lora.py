@@ -119,6 +119,28 @@ def test_parameter_count_is_rank_times_in_plus_out(tiny_dir, rank):
                                                if p.requires_grad)
 
 
+def test_ffn_adapters_merge_into_the_mlp_and_count_their_shapes(tiny_dir):
+    ids, mask = _inputs()
+    model = _model(tiny_dir)
+    keys = {k: v.shape for k, v in model.state_dict().items()}
+    add_lora_(model, 3, targets=("v_proj", "fc1", "fc2"),
+              generator=torch.Generator().manual_seed(0))
+    f, d = model.blocks[0].mlp.fc1.base.weight.shape
+    assert f != d  # fc1 (F, D), fc2 (D, F): the count sees both shapes
+    assert count_lora_parameters(model) == 2 * 3 * ((d + d) + (d + f) + (f + d))
+    _randomize_b_(model)
+    with torch.no_grad():
+        unmerged = model.sentence_embedding(ids, mask, normalize=False)
+        plain = _model(tiny_dir).sentence_embedding(ids, mask, normalize=False)
+    assert rel_err(unmerged, plain) > 1e-2
+    merge_lora_(model)
+    assert not lora_modules(model) and type(model.blocks[1].mlp.fc2) is torch.nn.Linear
+    assert {k: v.shape for k, v in model.state_dict().items()} == keys
+    with torch.no_grad():
+        merged = model.sentence_embedding(ids, mask, normalize=False)
+    assert rel_err(merged, unmerged) < 1e-5
+
+
 @pytest.mark.parametrize("rank", [0, -1, 17, 2.5, True])
 def test_bad_rank_raises_naming_it(tiny_dir, rank):
     with pytest.raises(ValueError, match="rank"):
@@ -128,7 +150,9 @@ def test_bad_rank_raises_naming_it(tiny_dir, rank):
 def test_bad_targets_and_double_adapters_raise(tiny_dir):
     model = _model(tiny_dir)
     with pytest.raises(ValueError, match="targets"):
-        add_lora_(model, 2, targets=("fc1",))
+        add_lora_(model, 2, targets=("fc3",))
+    with pytest.raises(ValueError, match="targets"):
+        add_lora_(model, 2, targets=("fc1", "fc1"))
     add_lora_(model, 2)
     with pytest.raises(ValueError, match="already"):
         add_lora_(model, 2)

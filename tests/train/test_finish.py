@@ -15,7 +15,14 @@ from coulomb_attention.nn.pretrained import (
     save_pretrained_encoder,
 )
 from coulomb_attention.train.distill import DistillConfig, embedding_data
-from coulomb_attention.train.finish import FinishConfig, finish_lowrank
+from coulomb_attention.train.finish import (
+    OBJECTIVES,
+    FinishConfig,
+    finish_loss,
+    finish_lowrank,
+    hidden_state_loss,
+    teacher_states,
+)
 from helpers import rel_err
 from test_convert import SENTENCES
 from test_pretrained import write_tiny_bert
@@ -94,7 +101,7 @@ def test_merged_checkpoint_loads_back_equal_to_the_unmerged_model(tiny_dir, batc
 
 def test_finish_config_validation():
     for kw, name in [({"rank": 0}, "rank"), ({"steps": -1}, "steps"), ({"lr": 0.0}, "lr"),
-                     ({"targets": ("fc1",)}, "targets")]:
+                     ({"targets": ("fc3",)}, "targets")]:
         with pytest.raises(ValueError, match=name):
             FinishConfig(**kw)
     with pytest.raises(ValueError, match="particles variant"):
@@ -154,6 +161,8 @@ def test_cli_lora_flag_errors_exit_2(tiny_dir, tmp_path, capsys):
     for argv, msg in [(["--lora-rank", "-1"], "--lora-rank must be"),
                       (["--lora-steps", "5"], "needs --lora-rank > 0"),
                       (["--lora-with-particles"], "needs --lora-rank > 0"),
+                      (["--lora-objective", "tokens"], "--lora-objective needs --lora-rank"),
+                      (["--lora-rank", "2", "--lora-aux-weight", "0"], "aux_weight"),
                       (["--lora-rank", "17"], "LoRA rank must be at most"),
                       (["--lora-rank", "2", "--lora-lr", "-1"], "lr"),
                       (["--lora-rank", "2", "--variant", "vanilla"], "particles variant"),
@@ -176,12 +185,108 @@ def test_cli_lora_run_reports_both_rows(tiny_dir, tmp_path):
                str(sent), "--n-sentences", "9", "--holdout", "3", "--steps", "2",
                "--batch-size", "3", "--max-length", "16", "--eval-sentences", "8",
                "--refine-steps", "3", "--probe-tasks", "--lora-rank", "2", "--lora-steps", "3",
-               "--out", str(out), "--no-progress"])
+               "--lora-objective", "tokens", "--out", str(out), "--no-progress"])
     assert rc == 0
     res = json.loads((out / "result.json").read_text())
     assert res["config"]["finish"]["rank"] == 2 and res["lowrank"]["finish"]["steps"] == 3
+    assert res["lowrank"]["finish"]["objective"] == "tokens"
     assert res["lowrank"]["fidelity"] != res["fidelity"]
     report = (out / "report.md").read_text()
     assert "## Low-rank finishing" in report and "| low-rank finished (rank 2) |" in report
+    assert "objective tokens (hidden-state weight 1)" in report
     assert "| pure linear (layer-wise + refinement) | particles |" in report, report
     assert (out / "lowrank" / "checkpoint" / "model.safetensors").is_file()
+
+
+# ---------------------------------------------------------------------------- objectives
+
+
+def _padded_batch(tiny_dir):
+    ids, mask = load_pretrained_tokenizer(tiny_dir).encode_batch(SENTENCES[:4], max_length=16)[:2]
+    t = int(mask.sum(1).max())
+    ids, mask = ids[:, :t], mask[:, :t]
+    assert (~mask).any()  # some padding to test
+    return ids, mask
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+def test_each_objective_is_zero_for_the_teacher_and_positive_for_the_student(tiny_dir,
+                                                                              objective):
+    ids, mask = _padded_batch(tiny_dir)
+    model, teacher = _models(tiny_dir)
+    with torch.no_grad():
+        target = teacher.sentence_embedding(ids, mask)
+    states = teacher_states(teacher, objective, ids, mask)
+    assert len(states) == {"embedding": 0, "tokens": 1, "layers": 2}[objective]
+    with torch.no_grad():
+        own, aux0 = finish_loss(teacher, objective, (ids, mask), target, states)
+    loss, aux = finish_loss(model, objective, (ids, mask), target, states, aux_weight=3.0)
+    assert abs(float(own)) < 1e-6 and loss > 1e-3
+    if objective == "embedding":
+        assert aux0 is None and aux is None
+    else:
+        assert abs(float(aux0)) < 1e-10 and aux > 1e-3
+        emb, _ = finish_loss(model, "embedding", (ids, mask), target, [])
+        total = float(emb.detach()) + 3.0 * float(aux.detach())
+        assert float(loss.detach()) == pytest.approx(total, rel=1e-5)
+
+
+@pytest.mark.parametrize("objective", ["tokens", "layers"])
+def test_hidden_state_objectives_ignore_padding(tiny_dir, objective):
+    ids, mask = _padded_batch(tiny_dir)
+    model, teacher = _models(tiny_dir)
+    other = ids.clone()
+    other[~mask] = 7  # another token at every padded position
+    losses, pads = [], []
+    for x in (ids, other):
+        with torch.no_grad():
+            target = teacher.sentence_embedding(x, mask)
+        states = teacher_states(teacher, objective, x, mask)
+        pads.append(states[-1][~mask])
+        losses.append(float(finish_loss(model, objective, (x, mask), target, states)[1].detach()))
+    assert rel_err(pads[0], pads[1]) > 1e-3  # the padded states do change
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6, abs=1e-9)
+    # the unmasked error would see them
+    full = torch.ones_like(mask)
+    s0, s1 = (teacher_states(model, objective, x, mask) for x in (ids, other))
+    t0, t1 = (teacher_states(teacher, objective, x, mask) for x in (ids, other))
+    assert abs(float(hidden_state_loss(s0, t0, full) - hidden_state_loss(s1, t1, full))) > 1e-6
+
+
+def test_hidden_state_loss_is_the_normalised_squared_error():
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(2, 3, 4, generator=g), torch.randn(2, 3, 4, generator=g)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    want = sum(float((s[b, i] - t[b, i]).square().sum()) for b, i in [(0, 0), (0, 1), (1, 0)])
+    want /= sum(float(t[b, i].square().sum()) for b, i in [(0, 0), (0, 1), (1, 0)])
+    assert float(hidden_state_loss([s], [t], mask)) == pytest.approx(want, rel=1e-6)
+    assert float(hidden_state_loss([s, t], [t, t], mask)) == pytest.approx(want / 2, rel=1e-6)
+    with pytest.raises(ValueError, match="as many"):
+        hidden_state_loss([s], [t, t], mask)
+
+
+@pytest.mark.parametrize("objective", ["tokens", "layers"])
+def test_finishing_with_hidden_state_objectives_raises_the_cosine(tiny_dir, batch, objective):
+    ids, mask = batch
+    model, teacher = _models(tiny_dir)
+    cfg = FinishConfig(rank=2, steps=40, lr=2e-2, objective=objective, aux_weight=0.5,
+                       targets=("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rec = finish_lowrank(model, teacher, ids, mask, _distill(), cfg,
+                         generator=torch.Generator().manual_seed(0))
+    assert rec["objective"] == objective and rec["aux_weight"] == 0.5
+    assert rec["aux_last"] < rec["aux_first"]
+    assert rec["cos_after"] > rec["cos_before"] + 0.3 * (1 - rec["cos_before"]), rec
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert {f"blocks.{i}.mlp.fc{j}.weight" for i in range(2) for j in (1, 2)} <= changed
+    f, d = model.blocks[0].mlp.fc1.weight.shape
+    assert rec["adapter_params"] == 2 * 2 * (4 * (d + d) + 2 * (d + f))
+
+
+def test_finish_config_objective_validation():
+    for kw, name in [({"objective": "logits"}, "objective must be one of embedding"),
+                     ({"aux_weight": 0.0}, "aux_weight"), ({"aux_weight": -1.0}, "aux_weight"),
+                     ({"targets": ("q_proj", "q_proj")}, "distinct")]:
+        with pytest.raises(ValueError, match=name):
+            FinishConfig(**kw)
+    assert FinishConfig(targets=["fc1", "fc2"]).targets == ("fc1", "fc2")

@@ -10,9 +10,8 @@ writes ``OUT/checkpoint/`` (``nn.pretrained.load_pretrained_encoder(OUT/checkpoi
 resumes at its last finished layer. ``--grid M [M ...]`` runs the comparison over M, seeds and
 variants into ``OUT/grid/`` (finished runs reused) and writes ``OUT/grid.md``; ``--speed``
 times the converted encoder against the softmax one (``OUT/speed.json``). ``--lora-rank R``
-adds the low-rank finishing (``OUT/lowrank/checkpoint/``, its own row in ``result.json``). A
-single run also writes ``OUT/hf/``, a Hugging Face / sentence-transformers directory of the
-converted encoder (``--no-hf``: not; ``coulomb-attention export-hf`` exports a checkpoint later).
+adds the low-rank finishing (``OUT/lowrank/checkpoint/``, its own row in ``result.json``). One
+run also writes ``OUT/hf/``, a Hugging Face / sentence-transformers directory (``--no-hf``: not).
 """
 
 from __future__ import annotations
@@ -32,6 +31,8 @@ if TYPE_CHECKING:
 # config's own default in config_from_args (tests/commands/test_help_and_args.py checks these
 # tables against ConvertConfig, DistillConfig and convert.VARIANTS)
 VARIANTS = ("vanilla", "particles", "hedgehog", "softmax")
+LORA_OBJECTIVES = ("embedding", "tokens", "layers")  # train.finish.OBJECTIVES
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")  # nn.lora.ALL_TARGETS
 #: flag (dest) -> ConvertConfig field
 CONVERT_FLAGS = {"encoder": "encoder", "feature_map": "feature_map", "n_features": "n_features",
                  "seed": "seed", "variant": "variant", "tasks": "tasks",
@@ -45,10 +46,13 @@ DISTILL_FLAGS = {"n_sentences": "n_examples", "holdout": "holdout", "steps": "st
                  "output_weight": "output_weight", "lr": "lr", "refine_steps": "refine_steps",
                  "refine_sentences": "refine_examples", "refine_eta": "refine_eta",
                  "refine_max_drift": "refine_max_drift"}
+#: flag (dest) -> FinishConfig field (with --lora-rank > 0)
+LORA_FLAGS = {"lora_steps": "steps", "lora_lr": "lr", "lora_objective": "objective",
+              "lora_aux_weight": "aux_weight", "lora_targets": "targets"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    c, d = "(default: ConvertConfig's)", "(default: DistillConfig's)"
+    c, d, f = (f"(default: {n}Config's)" for n in ("Convert", "Distill", "Finish"))
     p.add_argument("--encoder", help=f"minilm or a BERT checkpoint directory {c}")
     p.add_argument("--feature-map", help=f"favor, softmax_feat or porf_softplus {c}")
     p.add_argument("--n-features", type=int, help=f"particles per head {c}")
@@ -94,13 +98,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-lengths", type=int, nargs="+",
                    default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--lora-rank", type=int, default=0,
-                   help="low-rank finishing: LoRA rank on the Q/K/V/O projections, trained on "
-                        "the embedding objective after the particles and merged (0: off)")
-    p.add_argument("--lora-steps", type=int, default=None, help="(default: FinishConfig's)")
-    p.add_argument("--lora-lr", type=float, default=None, help="(default: FinishConfig's)")
+                   help="low-rank finishing: LoRA rank on the Q/K/V/O projections (--lora-"
+                        "targets), trained after the particles and merged (0: off)")
+    p.add_argument("--lora-steps", type=int, help=f)
+    p.add_argument("--lora-lr", type=float, help=f)
+    p.add_argument("--lora-objective", choices=LORA_OBJECTIVES,
+                   help=f"hidden states matched besides the embedding: none, last, all {f}")
+    p.add_argument("--lora-aux-weight", type=float, help=f"weight of the hidden-state term {f}")
+    p.add_argument("--lora-targets", nargs="+", choices=LORA_TARGETS, help=f)
     p.add_argument("--lora-with-particles", action="store_true",
-                   help="move the particles with the adapters instead of the separate "
-                        "joint refinement before them")
+                   help="move the particles with the adapters (no separate refinement)")
     p.add_argument("--threads", type=int, default=1)
     add_progress(p)
     p.add_argument("--no-hf", action="store_true",
@@ -114,16 +121,15 @@ def finish_from_args(args: argparse.Namespace) -> FinishConfig | None:
     rank = args.lora_rank
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"--lora-rank must be an integer >= 0, got {rank!r}")
-    given = [n for n, v in (("--lora-steps", args.lora_steps), ("--lora-lr", args.lora_lr),
-                            ("--lora-with-particles", args.lora_with_particles or None))
-             if v is not None]
+    given = [f"--{k.replace('_', '-')}" for k in (*LORA_FLAGS, "lora_with_particles")
+             if getattr(args, k) not in (None, False)]
     if rank == 0:
         if given:
             raise ValueError(f"{', '.join(given)} needs --lora-rank > 0")
         return None
-    over = {"steps": args.lora_steps, "lr": args.lora_lr}
-    return FinishConfig(rank=rank, with_particles=args.lora_with_particles,
-                        **{k: v for k, v in over.items() if v is not None})
+    over = {field: getattr(args, flag) for flag, field in LORA_FLAGS.items()
+            if getattr(args, flag) is not None}
+    return FinishConfig(rank=rank, with_particles=args.lora_with_particles, **over)
 
 
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:

@@ -1,4 +1,4 @@
-"""Low-rank adapters (LoRA, Hu et al. 2021) on the attention projections of the project's encoder.
+"""Low-rank adapters (LoRA, Hu et al. 2021) on the linear maps of the project's encoder.
 
 A :class:`LoRALinear` wraps a frozen :class:`torch.nn.Linear` ``W (out, in)``, ``b (out,)``:
 
@@ -8,6 +8,11 @@ A :class:`LoRALinear` wraps a frozen :class:`torch.nn.Linear` ``W (out, in)``, `
 adapter leaves the model unchanged until trained; :func:`merge_lora_` folds ``(alpha / r) B A``
 into ``W`` and puts plain ``nn.Linear`` modules back, leaving an encoder of the original size
 and class (a converted checkpoint like any other).
+
+Targets: the attention projections ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` of every
+layer (:data:`LORA_TARGETS`, the default) and the feed-forward maps ``fc1`` ``(F, D)`` and
+``fc2`` ``(D, F)`` of every block's MLP (:data:`FFN_TARGETS`); :data:`LORA_SITES` says which
+module of a block holds each name.
 
 The project's encoder (:class:`~coulomb_attention.nn.pretrained.PretrainedClassifier`, its
 attention :class:`~coulomb_attention.nn.attention.KernelAttention` with ``q_proj``, ``k_proj``,
@@ -32,6 +37,9 @@ import torch
 from torch import nn
 
 __all__ = [
+    "ALL_TARGETS",
+    "FFN_TARGETS",
+    "LORA_SITES",
     "LORA_TARGETS",
     "LoRALinear",
     "add_lora_",
@@ -43,8 +51,31 @@ __all__ = [
     "save_lora",
 ]
 
-#: Projections of a :class:`KernelAttention` that can carry an adapter.
+#: Projections of a :class:`KernelAttention` that can carry an adapter (the default targets).
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj")
+#: Linear maps of a block's feed-forward :class:`~coulomb_attention.nn.model.MLP`.
+FFN_TARGETS = ("fc1", "fc2")
+ALL_TARGETS = LORA_TARGETS + FFN_TARGETS
+
+
+def _attention_layers(model: nn.Module) -> list[nn.Module]:
+    layers = getattr(model, "attention_layers", None)
+    if layers is None:
+        raise TypeError(f"{type(model).__name__} has no attention_layers (expected the "
+                        "project's encoder, e.g. PretrainedClassifier)")
+    return list(layers)
+
+
+def _mlps(model: nn.Module) -> list[nn.Module]:
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or not all(hasattr(b, "mlp") for b in blocks):
+        raise TypeError(f"{type(model).__name__} has no blocks with an mlp (expected the "
+                        "project's encoder, e.g. PretrainedClassifier)")
+    return [b.mlp for b in blocks]
+
+
+#: target name -> the modules holding it, one per layer (``model -> list``)
+LORA_SITES = {**{t: _attention_layers for t in LORA_TARGETS}, **{t: _mlps for t in FFN_TARGETS}}
 
 
 class LoRALinear(nn.Module):
@@ -110,46 +141,40 @@ class LoRALinear(nn.Module):
         return f"rank={self.rank}, alpha={self.alpha:g}"
 
 
-def _attention_layers(model: nn.Module):
-    layers = getattr(model, "attention_layers", None)
-    if layers is None:
-        raise TypeError(f"{type(model).__name__} has no attention_layers (expected the "
-                        "project's encoder, e.g. PretrainedClassifier)")
-    return list(layers)
-
-
 def add_lora_(model: nn.Module, rank: int, *, alpha: float | None = None,
               targets: Sequence[str] = LORA_TARGETS,
               generator: torch.Generator | None = None) -> list[LoRALinear]:
     """Freeze every parameter of ``model`` and put a :class:`LoRALinear` on the ``targets``
-    projections of every attention layer (in layer order, then ``targets`` order, each ``A``
-    drawn from ``generator``). A projection shared by two names (``tie_qk``) gets one adapter.
-    Only the adapters' ``A`` and ``B`` are then trainable (the particles are buffers).
+    maps of every layer (names from :data:`ALL_TARGETS`; in layer order, then ``targets``
+    order, each ``A`` drawn from ``generator``). A projection shared by two names (``tie_qk``)
+    gets one adapter. Only the adapters' ``A`` and ``B`` are then trainable (the particles are
+    buffers).
 
     Returns the adapters. ``rank`` outside ``[1, width]`` raises ``ValueError``.
     """
     targets = tuple(targets)
-    bad = [t for t in targets if t not in LORA_TARGETS]
+    bad = [t for t in targets if t not in LORA_SITES]
     if bad or not targets or len(set(targets)) != len(targets):
-        raise ValueError(f"LoRA targets must be distinct names among {', '.join(LORA_TARGETS)},"
+        raise ValueError(f"LoRA targets must be distinct names among {', '.join(ALL_TARGETS)},"
                          f" got {targets!r}")
-    layers = _attention_layers(model)
+    owners = {t: LORA_SITES[t](model) for t in targets}  # (name -> one module per layer)
     if lora_modules(model):
         raise ValueError("the model already carries LoRA adapters (merge them first)")
-    width = min(min(getattr(layer, t).weight.shape) for layer in layers for t in targets)
+    width = min(min(getattr(o, t).weight.shape) for t in targets for o in owners[t])
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= width:
         raise ValueError(f"LoRA rank must be an integer in [1, {width}] (the projections' "
                          f"width), got {rank!r}")
     model.requires_grad_(False)
     adapters = []
-    for layer in layers:
+    for li in range(len(owners[targets[0]])):
         done: dict[int, LoRALinear] = {}
         for t in targets:
-            base = getattr(layer, t)
+            owner = owners[t][li]
+            base = getattr(owner, t)
             if id(base) not in done:
                 done[id(base)] = LoRALinear(base, rank, alpha, generator)
                 adapters.append(done[id(base)])
-            setattr(layer, t, done[id(base)])
+            setattr(owner, t, done[id(base)])
     return adapters
 
 
@@ -170,18 +195,19 @@ def count_lora_parameters(model: nn.Module) -> int:
 
 @torch.no_grad()
 def merge_lora_(model: nn.Module) -> nn.Module:
-    """Fold every adapter into its projection's weight, in place; returns ``model`` (same class,
-    the original parameter names and shapes). A non-finite adapter raises ``ValueError``."""
-    for layer in _attention_layers(model):
-        done: dict[int, nn.Linear] = {}
-        for t in LORA_TARGETS:
-            mod = getattr(layer, t, None)
-            if isinstance(mod, LoRALinear):
-                if id(mod) not in done:
-                    done[id(mod)] = mod.merged()
-                setattr(layer, t, done[id(mod)])
+    """Fold every adapter into its map's weight, in place; returns ``model`` (same class, the
+    original parameter names and shapes). A non-finite adapter raises ``ValueError``."""
+    for site in dict.fromkeys(LORA_SITES.values()):
+        for owner in site(model):
+            done: dict[int, nn.Linear] = {}
+            for t in (n for n, s in LORA_SITES.items() if s is site):
+                mod = getattr(owner, t, None)
+                if isinstance(mod, LoRALinear):
+                    if id(mod) not in done:
+                        done[id(mod)] = mod.merged()
+                    setattr(owner, t, done[id(mod)])
     if lora_modules(model):
-        raise ValueError("LoRA adapters outside the attention projections cannot be merged")
+        raise ValueError("LoRA adapters outside the known targets cannot be merged")
     return model
 
 

@@ -118,6 +118,9 @@ def _lowrank_lines(res: dict[str, Any]) -> list[str]:
         return []
     fin = low["finish"]
     how = "with the particles" if fin["with_particles"] else "after the particles"
+    objective = fin.get("objective", "embedding")  # records from before the objectives
+    if objective != "embedding":
+        how += f", objective {objective} (hidden-state weight {fin['aux_weight']:g})"
     lines = ["## Low-rank finishing (learns more than the kernel: its own row)", "",
              f"LoRA rank {fin['rank']} (alpha {fin['alpha']:g}) on "
              f"{', '.join(fin['targets'])} of every layer, {how}; {fin['steps']} steps on "

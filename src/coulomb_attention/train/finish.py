@@ -15,6 +15,20 @@ ones), and merges the adapters into the weights. The result has the original siz
 what it learned beyond the kernel (``trained_params``) is reported with it, always as its own
 row next to the pure-linear conversion.
 
+One 384-vector per sentence is a thin signal (the adapters fit the training batches far
+better than held-out sentences), so an objective (:data:`OBJECTIVES`) may add an auxiliary
+term that matches hidden states token by token (``mask`` the padding, ``w = aux_weight``):
+
+    "embedding":  L = mean 1 - cos(e, e_teacher)                   (the refinement's term)
+    "tokens":     L + w nmse(h_L, h_L_teacher)                     (the last hidden states)
+    "layers":     L + w mean_l nmse(h_l, h_l_teacher)              (every block's output, as
+                                                                    TinyBERT / LoLCATs match them)
+
+    nmse(h, t) = sum over real tokens |h - t|^2 / sum over real tokens |t|^2
+
+(:func:`hidden_state_loss`); the teacher's hidden states of the training batches are computed
+once, without gradients (:func:`teacher_states`).
+
 Optimiser: Adam, cosine learning rate ``lr -> lr / 10`` over ``steps``; with
 ``with_particles`` the particles of all layers move in the same loop (Adam, ``particle_lr``,
 projected on the distillation's ball of radius ``radius * sqrt(d_head)``) instead of being
@@ -25,6 +39,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +49,37 @@ from torch import nn
 
 from .._validation import check_positive
 from ..dynamics import cycle
-from ..nn.lora import LORA_TARGETS, add_lora_, count_lora_parameters, lora_parameters, merge_lora_
+from ..nn.lora import (
+    ALL_TARGETS,
+    LORA_TARGETS,
+    add_lora_,
+    count_lora_parameters,
+    lora_parameters,
+    merge_lora_,
+)
 from .distill import DistillConfig, _ParticlesOf, embedding_data
 
-__all__ = ["FinishConfig", "finish_lowrank"]
+__all__ = ["OBJECTIVES", "FinishConfig", "finish_lowrank", "finish_loss", "hidden_state_loss",
+           "teacher_states"]
+
+
+def _no_states(model: nn.Module) -> list[nn.Module]:
+    return []
+
+
+def _last_states(model: nn.Module) -> list[nn.Module]:
+    final = getattr(model, "final_norm", None)
+    return [final if final is not None else model.blocks[-1]]
+
+
+def _block_states(model: nn.Module) -> list[nn.Module]:
+    return list(model.blocks)
+
+
+#: objective -> the modules whose outputs ``(B, T, D)`` are matched to the teacher's
+#: (``model -> list``; none: the sentence embedding alone)
+OBJECTIVES: dict[str, Callable[[nn.Module], list[nn.Module]]] = {
+    "embedding": _no_states, "tokens": _last_states, "layers": _block_states}
 
 
 @dataclass(frozen=True)
@@ -53,8 +96,10 @@ class FinishConfig:
     lr : float              Adam learning rate of the adapters (cosine to a tenth)
     with_particles : bool   move the particles in the same loop
     particle_lr : float     Adam learning rate of the particles (cosine to a tenth)
-    targets : tuple of str  adapted projections (``q_proj``, ``k_proj``, ``v_proj``,
-                            ``out_proj``)
+    targets : tuple of str  adapted maps (``q_proj``, ``k_proj``, ``v_proj``, ``out_proj``;
+                            also ``fc1``, ``fc2`` of the feed-forward blocks)
+    objective : str         a key of :data:`OBJECTIVES`
+    aux_weight : float      weight of the hidden-state term (``tokens``, ``layers``)
     """
 
     rank: int = 8
@@ -64,20 +109,108 @@ class FinishConfig:
     with_particles: bool = False
     particle_lr: float = 3e-3
     targets: tuple[str, ...] = LORA_TARGETS
+    objective: str = "embedding"
+    aux_weight: float = 1.0
 
     def __post_init__(self) -> None:
         check_positive("rank", self.rank, integer=True)
         check_positive("steps", self.steps, integer=True)
         check_positive("lr", self.lr)
         check_positive("particle_lr", self.particle_lr)
+        check_positive("aux_weight", self.aux_weight)
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got "
+                             f"{self.objective!r}")
         if self.alpha is not None:
             check_positive("alpha", self.alpha)
         if not isinstance(self.with_particles, bool):
             raise TypeError(f"with_particles must be a bool, got {self.with_particles!r}")
         targets = tuple(self.targets)
-        if not targets or any(t not in LORA_TARGETS for t in targets):
-            raise ValueError(f"targets must be among {', '.join(LORA_TARGETS)}, got {targets!r}")
+        bad = [t for t in targets if t not in ALL_TARGETS]
+        if not targets or bad or len(set(targets)) != len(targets):
+            raise ValueError(f"targets must be distinct names among {', '.join(ALL_TARGETS)}, "
+                             f"got {targets!r}")
         object.__setattr__(self, "targets", targets)
+
+
+@contextmanager
+def _capturing(modules: Sequence[nn.Module]):
+    """Collect the outputs of ``modules`` (in forward order) while the block runs."""
+    got: list[torch.Tensor] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: got.append(out)) for m in modules]
+    try:
+        yield got
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def hidden_state_loss(student: Sequence[torch.Tensor], teacher: Sequence[torch.Tensor],
+                      mask: torch.Tensor) -> torch.Tensor:
+    """Mean over layers of the normalised squared error of the real tokens' hidden states.
+
+    Parameters
+    ----------
+    student, teacher : sequences of (B, T, D), one per matched layer
+    mask : (B, T) bool, True at real tokens (padding does not count)
+
+    Returns
+    -------
+    scalar: ``mean_l sum_{b,t real} |s - t|^2 / sum_{b,t real} |t|^2`` (0 when equal)
+    """
+    if len(student) != len(teacher) or not student:
+        raise ValueError(f"hidden_state_loss needs as many student as teacher layers (>= 1), "
+                         f"got {len(student)} and {len(teacher)}")
+    w = mask.to(student[0].dtype).unsqueeze(-1)  # (B, T, 1)
+    terms = [((s - t.to(s)).square() * w).sum() / (t.to(s).square() * w).sum().clamp_min(1e-30)
+             for s, t in zip(student, teacher, strict=True)]
+    return torch.stack(terms).mean()
+
+
+@torch.no_grad()
+def teacher_states(teacher: nn.Module, objective: str, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor) -> list[torch.Tensor]:
+    """The teacher's hidden states that ``objective`` matches: a list of (B, T, D) (empty for
+    ``embedding``)."""
+    modules = OBJECTIVES[objective](teacher)
+    if not modules:
+        return []
+    with _capturing(modules) as got:
+        teacher.sentence_embedding(input_ids, attention_mask)
+    return [t.detach() for t in got]
+
+
+def finish_loss(model: nn.Module, objective: str, inputs: tuple[torch.Tensor, torch.Tensor],
+                target: torch.Tensor, states: Sequence[torch.Tensor], aux_weight: float = 1.0,
+                embed: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The finishing objective of one batch.
+
+    Parameters
+    ----------
+    model : the student (its modules named by ``OBJECTIVES[objective]`` are watched)
+    objective : str                 a key of :data:`OBJECTIVES`
+    inputs : (ids (B, T), mask (B, T))
+    target : (B, D)                 the teacher's sentence embeddings
+    states : list of (B, T, D)      :func:`teacher_states` of the same batch
+    aux_weight : float              weight of the hidden-state term
+    embed : ``inputs -> (B, D)``    how the student embeds (default
+                                    ``model.sentence_embedding``; the particles' swap)
+
+    Returns
+    -------
+    (loss, aux): ``mean 1 - cos + aux_weight * aux`` and the hidden-state term (None for
+    ``embedding``)
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    embed = embed if embed is not None else (lambda inp: model.sentence_embedding(*inp))
+    with _capturing(OBJECTIVES[objective](model)) as got:
+        e = embed(inputs)
+    loss = (1 - nn.functional.cosine_similarity(e, target.to(e), dim=-1)).mean()
+    if not got:
+        return loss, None
+    aux = hidden_state_loss(got, states, inputs[1])
+    return loss + aux_weight * aux, aux
 
 
 @torch.no_grad()
@@ -112,7 +245,7 @@ def finish_lowrank(
     Parameters
     ----------
     model : converted encoder (``attention_layers`` with particles, ``sentence_embedding``)
-    teacher : the softmax encoder (only its embeddings are used)
+    teacher : the softmax encoder (its embeddings; its hidden states for ``tokens``/``layers``)
     input_ids, attention_mask : (n, T) the conversion's sequences
     distill : DistillConfig     the split and batches (``n_examples``, ``holdout``,
                                 ``refine_examples``, ``batch_size``, ``radius``)
@@ -124,7 +257,8 @@ def finish_lowrank(
 
     Returns
     -------
-    dict: ``stage`` "finish", ``rank``, ``alpha``, ``targets``, ``with_particles``,
+    dict: ``stage`` "finish", ``rank``, ``alpha``, ``targets``, ``objective``, ``aux_weight``,
+    ``aux_first``/``aux_last`` (the hidden-state term on training batches), ``with_particles``,
     ``trained_params`` (adapters, + particles when they move), ``adapter_params``,
     ``cos_before``/``cos_after`` (layer-wise fit sentences), ``holdout_cos_before``/``_after``,
     ``loss_first``/``loss_last`` (training batches), ``n_train``, ``steps``, ``time_s``.
@@ -171,11 +305,14 @@ def finish_lowrank(
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda k: 0.1 + 0.45 * (1 + math.cos(math.pi * min(k, steps) / steps)))
     order = torch.randperm(len(data["train"]), generator=generator).tolist()
-    stream = cycle(data["train"], order)
-    losses = []
+    # the teacher's hidden states of every training batch, once (none for "embedding")
+    states = [teacher_states(teacher, config.objective, *inputs) for inputs, _ in data["train"]]
+    stream = cycle(list(zip(data["train"], states, strict=True)), order)
+    losses, aux_losses = [], []
     for k in range(steps):
-        inputs, target = next(stream)
-        loss = (1 - nn.functional.cosine_similarity(embed(inputs), target, dim=-1)).mean()
+        (inputs, target), state = next(stream)
+        loss, aux = finish_loss(model, config.objective, inputs, target, state,
+                                config.aux_weight, embed)
         if not bool(torch.isfinite(loss)):
             raise FloatingPointError(f"low-rank finishing diverged at step {k} (loss {loss}); "
                                      "lower the learning rate")
@@ -188,6 +325,8 @@ def finish_lowrank(
                 norm = omega.norm(dim=-1, keepdim=True).clamp_min(1e-30)
                 omega.mul_((radius / norm).clamp(max=1.0))
         losses.append(float(loss.detach()))
+        if aux is not None:
+            aux_losses.append(float(aux.detach()))
         if progress and (k + 1) % max(1, steps // 10) == 0:
             print(f"  finish step {k + 1}/{steps}: loss {losses[-1]:.5f}", flush=True)
     if omega is not None:
@@ -204,8 +343,13 @@ def finish_lowrank(
     if merge:
         merge_lora_(model)
     model.train(was_training)
+    del states
     record = {
         "stage": "finish", "rank": config.rank, "alpha": alpha, "targets": list(config.targets),
+        "objective": config.objective,
+        "aux_weight": config.aux_weight if config.objective != "embedding" else None,
+        "aux_first": aux_losses[0] if aux_losses else None,
+        "aux_last": aux_losses[-1] if aux_losses else None,
         "with_particles": config.with_particles,
         "adapter_params": n_adapter,
         "trained_params": n_adapter + (omega.numel() if omega is not None else 0),
