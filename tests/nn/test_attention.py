@@ -817,3 +817,32 @@ def test_blocked_inference_favor_matches_naive(monkeypatch, groups):
     assert FV.use_blocked_inference(qg.detach(), k, v, omega)
     monkeypatch.setattr(FV, "BLOCK_ELEMENTS", B * H * 2 * T * 6)  # everything fits one block
     assert not FV.use_blocked_inference(q, k, v, omega)
+
+
+def test_trainable_omega_makes_omega_a_parameter_inside_and_a_buffer_after():
+    from coulomb_attention.nn import trainable_omega
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(KernelAttention(8, 2, "favor", 6),
+                              KernelAttention(8, 2, "elu", 6))  # elu: no particles
+    names = set(net.state_dict())
+    x = torch.randn(2, 5, 8)
+    w0 = net[0].omega.clone()
+    with trainable_omega(net) as layers:
+        assert layers == [net[0]]
+        assert isinstance(net[0].omega, torch.nn.Parameter)
+        assert "0.omega" in dict(net.named_parameters())
+        net(x).pow(2).sum().backward()
+        g = net[0].omega.grad
+        assert g is not None and g.abs().sum() > 0  # the task gradient reaches omega
+        with torch.no_grad():
+            net[0].omega -= 0.1 * g
+        with pytest.raises(RuntimeError, match="already trainable"):
+            with trainable_omega(net):
+                pass
+    assert "0.omega" not in dict(net.named_parameters())
+    assert "0.omega" in dict(net.named_buffers()) and not net[0].omega.requires_grad
+    assert not torch.equal(net[0].omega, w0) and set(net.state_dict()) == names
+    with pytest.raises(TypeError, match="nn.Module"):
+        with trainable_omega("net"):
+            pass

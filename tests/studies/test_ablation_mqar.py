@@ -10,7 +10,7 @@ import pytest
 from coulomb_attention.studies import ablation_mqar as arena
 
 CONTRACT_VARIANTS = {"fixed", "gradient", "langevin", "coulomb", "weighted", "importance",
-                     "hedgehog"}
+                     "hedgehog", "end2end"}
 
 
 def _key(spec):
@@ -47,12 +47,12 @@ def test_plan_is_well_formed_and_fair(quick):
     settings = {s["setting"] for s in specs}
     if quick:
         assert settings == {"easy/favor"} and {s["M"] for s in specs} == {16}
-        assert len(specs) <= 3 * 6
+        assert len(specs) <= 3 * 7
     else:
         assert settings == {"easy/favor", "easy/porf_softplus", "hard/favor",
                             "hard/porf_softplus"}
         assert {s["variant"] for s in specs} == {"fixed", "gradient", "langevin", "coulomb",
-                                                 "hedgehog", "weighted"}
+                                                 "hedgehog", "weighted", "end2end"}
     # weighted particles in every setting, at every M and seed, with the Coulomb transport
     weighted = [s for s in specs if s["variant"] == "weighted"]
     assert {(s["setting"], s["M"], s["seed"]) for s in weighted} == \
@@ -89,6 +89,11 @@ def test_specs_map_to_the_teacher_route():
     # the weighted transport is the Coulomb variant's (same schedule and projection)
     assert (wfr.fit.eta, wfr.fit.eta_end, wfr.fit.steps, wfr.fit.radius, wfr.fit.max_drift) == \
         (coul.fit.eta, coul.fit.eta_end, coul.fit.steps, coul.fit.radius, coul.fit.max_drift)
+    e2e = arena.spec_config({**base, "variant": "end2end", "params": {"lr": 0.03}})
+    assert e2e.tune_omega and not grad.tune_omega and not fixed.tune_omega
+    # end2end is the gradient variant plus omega trained in phase B: nothing else differs
+    from dataclasses import replace
+    assert replace(e2e, tune_omega=False) == grad
     with pytest.raises(ValueError, match="unknown variant"):
         arena.spec_config({**base, "variant": "nope", "params": {}})
     with pytest.raises(ValueError, match="setting"):

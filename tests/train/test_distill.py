@@ -164,3 +164,25 @@ def test_refinement_needs_steps_and_particles(tiny_dir, batch):
         refine_encoder(teacher, teacher, ids, mask, _cfg(), generator=torch.Generator())
     with pytest.raises(ValueError, match="refine_max_drift"):
         DistillConfig(refine_max_drift=-1.0)
+
+
+def test_adam_fit_projects_after_every_step_and_ties_as_hedgehog():
+    from coulomb_attention.dynamics.projections import make_projection
+    from coulomb_attention.train.distill import adam_fit
+
+    class Pull:  # D(w) = |w - target|^2 / 2 pulls every particle far outside the ball
+        def value_and_grad(self, w, batches, comm=None):
+            g = w - 10.0
+            return 0.5 * (g * g).sum(), g, {"kl": None}
+
+    stream = iter(lambda: None, 1)
+    w0 = torch.zeros(4, 3, dtype=torch.float64)
+    ball = make_projection("ball", 1.0)
+    free, _ = adam_fit(Pull(), w0, stream, 50, 0.5, tied=False)
+    held, trace = adam_fit(Pull(), w0, stream, 50, 0.5, tied=False, projection=ball)
+    assert free.norm(dim=1).max() > 5 and len(trace) == 50
+    assert held.norm(dim=1).max() <= 1.0 + 1e-9  # on the ball, not past it
+    tied, _ = adam_fit(Pull(), w0, stream, 5, 0.5)
+    assert torch.equal(tied[2:], -tied[:2])  # omega = [W; -W]
+    with pytest.raises(ValueError, match="untied"):
+        adam_fit(Pull(), w0, stream, 1, 0.5, projection=ball)

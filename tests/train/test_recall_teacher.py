@@ -84,8 +84,9 @@ def test_a_one_hot_target_gives_the_cross_entropy_of_the_target_key():
                                               ("teacher_query", "adam"),
                                               ("indicator", "adam"), ("teacher", "hedgehog")])
 def test_the_fit_lowers_the_held_out_row_kl(objective, method):
+    # lam 0: the data term alone (at this tiny size, KL 0.06, the default lam 10 dominates)
     cfg = _cfg(objective=objective, kernel="learned",
-               fit={"method": method, "steps": 30, "lr": 0.05, "eta": 1.0})
+               fit={"method": method, "steps": 30, "lr": 0.05, "eta": 1.0, "lam": 0.0})
     train = make_mqar(cfg.task, cfg.n_train, torch.Generator().manual_seed(0))
     hold = make_mqar(cfg.task, 24, torch.Generator().manual_seed(1))
     state, _ = lib.train_teacher(cfg, train, hold)
@@ -222,3 +223,46 @@ def test_the_command_lists_the_library_choices():
 
     assert cmd.OBJECTIVES == lib.RECALL_OBJECTIVES and cmd.FIT_METHODS == FIT_METHODS
     assert cmd.LEVELS is lib.RECALL_LEVELS
+
+
+def test_tune_omega_trains_omega_in_phase_b_only_when_asked(tmp_path, monkeypatch):
+    seen = []
+    real_fit = lib.fit
+
+    def omegas(model):
+        return {k: v.clone() for k, v in model.state_dict().items() if k.endswith("omega")}
+
+    def spy(net, data, config, **kw):
+        if kw.get("desc") != "phase B":
+            return real_fit(net, data, config, **kw)
+        before = omegas(net.model)
+        trainable = {n for n, p in net.model.named_parameters() if n.endswith("omega")}
+        out = real_fit(net, data, config, **kw)
+        seen.append((before, trainable, omegas(net.model)))
+        return out
+
+    monkeypatch.setattr(lib, "fit", spy)
+    runs = [lib.run_recall(_cfg(kernel="learned", objective="indicator",
+                                fit={"method": "adam"}, tune_omega=t), teacher_dir=tmp_path)
+            for t in (False, True)]
+    for (before, trainable, after), run, tune in zip(seen, runs, (False, True)):
+        assert before and bool(trainable) == tune  # a parameter in phase B only when asked
+        moved = [not torch.equal(before[k], after[k]) for k in before]
+        assert all(moved) if tune else not any(moved)
+        assert run["config"]["tune_omega"] is tune and 0 <= run["accuracy"] <= 1
+    # the same phase A (seed, data, fit): the omega entering phase B is identical
+    assert all(torch.equal(seen[0][0][k], seen[1][0][k]) for k in seen[0][0])
+    with pytest.raises(ValueError, match="particles"):
+        _cfg(model={"attention": "softmax"}, tune_omega=True)
+    with pytest.raises(TypeError, match="tune_omega"):
+        _cfg(tune_omega=1)
+
+
+def test_tune_omega_keeps_the_resume_key_of_earlier_teacher_route_rows():
+    from coulomb_attention.config import to_dict
+    from coulomb_attention.studies.recall import run_key as _key
+
+    routed = to_dict(_cfg(kernel="learned", objective="indicator"))
+    assert _key(routed) == _key({k: v for k, v in routed.items() if k != "tune_omega"})
+    tuned = to_dict(_cfg(kernel="learned", objective="indicator", tune_omega=True))
+    assert _key(tuned) != _key(routed)

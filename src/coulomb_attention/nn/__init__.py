@@ -1,7 +1,7 @@
 """Attention layers (linear-attention ops with naive twins, KernelAttention) and the classifier."""
 
 from . import functional
-from .attention import ATTENTION_FEATURES, AttentionFeature, KernelAttention
+from .attention import ATTENTION_FEATURES, AttentionFeature, KernelAttention, trainable_omega
 from .bert import bert_key_map
 from .functional import (
     favor_attention,
@@ -25,4 +25,5 @@ __all__ = [
     "naive_favor_attention",
     "naive_linear_attention",
     "softmax_attention",
+    "trainable_omega",
 ]

@@ -3,7 +3,9 @@
 The layer holds the state (projections, ``omega``); the mathematics lives in
 :mod:`coulomb_attention.features` (the feature maps) and :mod:`.functional` (the attention
 ops). ``omega`` changes only through :meth:`KernelAttention.load_features_` and
-:meth:`KernelAttention.redraw_`, never in ``forward``; it is saved in the ``state_dict``.
+:meth:`KernelAttention.redraw_`, never in ``forward``; it is saved in the ``state_dict``. The one
+exception is the end-to-end ablation: inside :func:`trainable_omega` omega is a parameter that
+the task loss trains with the rest (it is a buffer again on exit).
 
 Weighted particles (Wasserstein-Fisher-Rao, :mod:`coulomb_attention.dynamics.weighted`): a layer
 may carry a mass per head group and feature, ``mass`` (G, M), each group summing to 1
@@ -20,7 +22,8 @@ features explicitly.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +35,7 @@ from .._validation import check_choice, check_positive, torch_generator
 from . import functional as AF
 
 __all__ = ["ATTENTION_FEATURES", "HEDGEHOG", "AttentionFeature", "KernelAttention",
-           "use_hedgehog_map_"]
+           "trainable_omega", "use_hedgehog_map_"]
 
 
 def _elu_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
@@ -451,6 +454,30 @@ def _sdpa(q, k, v, mask, causal=False):
 
 HEDGEHOG = AttentionFeature("hedgehog", features.hedgehog_features, "orthogonal",
                             "learned map inside the exponential (Hedgehog baseline)")
+
+
+@contextmanager
+def trainable_omega(module: nn.Module) -> Iterator[list[KernelAttention]]:
+    """Within the block, omega of every :class:`KernelAttention` in ``module`` that has
+    particles is an ``nn.Parameter`` (so an optimiser built inside, e.g. ``train.fit``, trains
+    it with the other weights by the task loss); on exit it is a buffer again, holding the
+    trained values (``requires_grad=False``, same name in the ``state_dict``). Yields the
+    layers. This is the end-to-end ablation of the particle dynamics, not the method: omega
+    is moved by the task gradient, with no interaction, no noise and no projection."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    layers = [m for m in module.modules() if isinstance(m, KernelAttention) and m.has_features]
+    if any("omega" not in m._buffers for m in layers):
+        raise RuntimeError("omega is already trainable (nested trainable_omega)")
+    for m in layers:
+        w = m._buffers.pop("omega")
+        m.omega = nn.Parameter(w.detach().clone())
+    try:
+        yield layers
+    finally:
+        for m in layers:
+            w = m._parameters.pop("omega").detach().clone()
+            m.register_buffer("omega", w)
 
 
 def use_hedgehog_map_(layer) -> None:

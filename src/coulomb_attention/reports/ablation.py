@@ -67,7 +67,7 @@ def _cells(records):
 
 
 def _variant_order(lab: str) -> tuple:
-    order = ["fixed", "gradient", "langevin", "coulomb", "weighted", "importance", "hedgehog"]
+    from ..studies.ablation import VARIANTS as order  # the contract's order
     base = lab.split("(")[0]
     return (order.index(base) if base in order else len(order), lab)
 

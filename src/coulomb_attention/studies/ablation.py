@@ -62,7 +62,8 @@ ARENAS: dict[str, str] = {
 }
 
 #: variant names shared by the arenas (docs/ablation.md, "The contract")
-VARIANTS = ("fixed", "gradient", "langevin", "coulomb", "weighted", "importance", "hedgehog")
+VARIANTS = ("fixed", "gradient", "langevin", "coulomb", "weighted", "importance", "hedgehog",
+            "end2end")
 SPEC_KEYS = ("arena", "setting", "variant", "params", "M", "seed")
 RECORD_KEYS = ("metric", "score", "diagnostics", "energy_trace", "time_s")
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)

@@ -24,6 +24,11 @@ ones, settings :class:`~coulomb_attention.train.recall_teacher.RecallFitConfig`)
                 :data:`WEIGHTED_LAM`), masses by the Fisher-Rao reaction (``tau`` =
                 :data:`WEIGHTED_TAU`) with birth-death; the masses scale the features in the
                 objective and in the layer (``params = {"lam", "beta", "tau"}``)
+- ``end2end``   ``gradient``, then phase B trains omega of every layer too, by the same
+                cross-entropy (``tune_omega``; ``params = {"lr"}``): not the method but its
+                reference point, what M features of the map reach when the task loss itself
+                moves them at this budget (docs/ablation.md, "Is learned 16 >= fixed 64
+                reachable?")
 
 Diagnostics: :func:`~coulomb_attention.dynamics.diagnostics.particle_diagnostics` of the final
 omega with its features of the held-out queries (per head group, averaged).
@@ -85,10 +90,12 @@ def _variant_overrides(variant: str, params: dict[str, Any]) -> dict[str, Any]:
         return {**learned, "fit": {"method": "weighted", "lam": params["lam"],
                                    "beta": params["beta"], "tau": params["tau"],
                                    **{k: params[k] for k in ("w_min",) if k in params}}}
+    if variant == "end2end":
+        return {**learned, "fit": {"method": "adam", "lr": params["lr"]}, "tune_omega": True}
     if variant in PENDING_VARIANTS:
         raise ValueError(f"variant {variant!r} is not implemented in the MQAR arena yet")
     raise ValueError(f"unknown variant {variant!r}; valid: fixed, gradient, langevin, coulomb, "
-                     "hedgehog, weighted")
+                     "hedgehog, weighted, end2end")
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -146,6 +153,7 @@ def plan(quick: bool, seeds: list[int], features: list[int] | None) -> list[dict
                                                   "tau": WEIGHTED_TAU}))
                     if att == "favor":
                         variants.append(("hedgehog", {"lr": ADAM_LR}))
+                    variants.append(("end2end", {"lr": ADAM_LR}))
                     for variant, params in variants:
                         spec = {"arena": ARENA, "setting": f"{level}/{att}", "variant": variant,
                                 "params": params, "M": m, "seed": int(seed)}

@@ -235,12 +235,16 @@ def capture_teacher_batches(
 # ---------------------------------------------------------------------------- hedgehog
 
 
-def _fit_hedgehog(term, omega0, stream, steps, lr, dim=0, comm=None, tied=True):
-    """Adam on ``W`` with ``omega = [W; -W]`` along ``dim`` for ``steps`` steps, one batch of
-    ``stream`` per step (the baseline's layer-wise fit, ``dim`` 0 of one group's (M, d), and its
-    refinement, ``dim`` 1 of all groups' (L G, M, d)). ``tied=False``: Adam on ``omega``
-    itself (``method="adam"``, the plain-gradient ablation of the particles). Returns
-    ``(omega, trace)``."""
+def adam_fit(term, omega0, stream, steps, lr, dim=0, comm=None, tied=True, projection=None):
+    """The one plain-Adam loop on a data term (the baselines and ablations of the particle
+    dynamics): Adam on ``W`` with ``omega = [W; -W]`` along ``dim`` (``tied``, Hedgehog's map:
+    the baseline's layer-wise fit, ``dim`` 0 of one group's (M, d), and its refinement, ``dim``
+    1 of all groups' (L G, M, d)), or on ``omega`` itself (``tied=False``: the plain-gradient
+    ablation), ``steps`` steps, one batch of ``stream`` per step. ``projection``: ``(N, d) ->
+    (projected, mask)`` applied after every step (``tied=False`` only; e.g. the ball of the
+    Langevin runs, so both see the same constraint). Returns ``(omega, trace)``."""
+    if projection is not None and tied:
+        raise ValueError("projection applies to the untied fit (tied=False) only")
     half = omega0.shape[dim] // 2
     w = (omega0.narrow(dim, 0, half) if tied else omega0).clone().requires_grad_(True)
     opt = torch.optim.Adam([w], lr=lr)
@@ -253,6 +257,9 @@ def _fit_hedgehog(term, omega0, stream, steps, lr, dim=0, comm=None, tied=True):
         w.grad = (grad.narrow(dim, 0, half) - grad.narrow(dim, half, half) if tied
                   else grad.to(w.dtype))
         opt.step()
+        if projection is not None:
+            with torch.no_grad():
+                w.copy_(projection(w.view(-1, w.shape[-1]))[0].view(w.shape))
         trace.append({"energy": float(value), **info})
     wd = w.detach()
     return (torch.cat([wd, -wd], dim) if tied else wd), trace
@@ -440,7 +447,7 @@ def distill_attention(
                                         output_weight=config.output_weight, dtype=dtype)
             batches = fit_b if grouped else fit_g[0]
             order = torch.randperm(len(batches), generator=generator).tolist()
-            omega, trace = _fit_hedgehog(term_all, omega_all if grouped else omega_all[0],
+            omega, trace = adam_fit(term_all, omega_all if grouped else omega_all[0],
                                          cycle(batches, order), config.steps, config.lr,
                                          dim=1 if grouped else 0,
                                          tied=config.method == "hedgehog")
@@ -636,7 +643,7 @@ def refine_encoder(
     before = (cos(omega0, fit_b), cos(omega0, hold_b))
     order = torch.randperm(len(train_b), generator=generator).tolist()
     if config.method in ("hedgehog", "adam"):
-        omega, trace = _fit_hedgehog(term, omega0, cycle(train_b, order), config.refine_steps,
+        omega, trace = adam_fit(term, omega0, cycle(train_b, order), config.refine_steps,
                                      config.refine_lr, dim=1, comm=comm,
                                      tied=config.method == "hedgehog")
     else:

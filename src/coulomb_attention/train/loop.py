@@ -244,7 +244,9 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim < 2 or "embeddings" in name else decay).append(p)
+        # particles (omega, trainable only in the end-to-end ablation) are never decayed
+        plain = p.ndim < 2 or "embeddings" in name or name.endswith("omega")
+        (no_decay if plain else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from ..data.mqar import IGNORE, MQARConfig, MQARData, make_mqar
 from ..dynamics import cycle, learn_particles
 from ..energy import Hamiltonian
 from ..energy.token_pair import TokenPairAlignment, token_pair_stats
+from ..nn.attention import ATTENTION_FEATURES, trainable_omega
 from ..nn.recall import RecallModel, RecallModelConfig
 from .capture import layer_inputs
 from .loop import Runtime, TrainConfig, fit
@@ -106,6 +108,11 @@ class RecallRunConfig:
                                  (:mod:`.recall_teacher`; teacher rows need ``init="teacher"``)
     fit : RecallFitConfig        omega fit of the non-token-pair objectives
     teacher_train : TrainConfig  the softmax teacher's training (``init="teacher"``)
+    tune_omega : bool            phase B trains omega of every kernel layer too, by the same
+                                 cross-entropy (:func:`~coulomb_attention.nn.trainable_omega`):
+                                 the end-to-end ablation, an upper reference for what M
+                                 features of the map reach at this budget (default False:
+                                 omega frozen, the method's phase B)
     """
 
     task: MQARConfig = field(default_factory=MQARConfig)
@@ -121,6 +128,7 @@ class RecallRunConfig:
     objective: str = "token_pair"
     fit: RecallFitConfig = field(default_factory=RecallFitConfig)
     teacher_train: TrainConfig = field(default_factory=_recall_teacher_default)
+    tune_omega: bool = False
 
     def __post_init__(self) -> None:
         check_choice("kernel", self.kernel, KERNELS)
@@ -132,6 +140,12 @@ class RecallRunConfig:
         if self.fit.method in ("hedgehog", "weighted") and self.objective == "token_pair":
             raise ValueError(f"fit.method {self.fit.method!r} needs a row objective (teacher, "
                              "teacher_query, indicator), not token_pair")
+        if not isinstance(self.tune_omega, bool):
+            raise TypeError(f"tune_omega must be a bool, got {type(self.tune_omega).__name__}")
+        if self.tune_omega and not ATTENTION_FEATURES[self.model.attention].has_features:
+            with_particles = [k for k, v in ATTENTION_FEATURES.items() if v.has_features]
+            raise ValueError(f"tune_omega needs a map with particles {with_particles}, got "
+                             f"attention={self.model.attention!r}")
         for name in ("n_train", "n_eval", "warmup_epochs"):
             check_positive(name, getattr(self, name), integer=True)
         if self.model.vocab_size < self.task.vocab_size:
@@ -361,7 +375,9 @@ def run_recall(config: RecallRunConfig, progress: bool = False,
             extra["fit_accuracy"] = evaluate_recall(model, eval_data)["accuracy"]
     t_a = time.perf_counter() - t0
     t0 = time.perf_counter()
-    tune = fit(net, train_data, config.train, seed=seed + 3, runtime=runtime, desc="phase B")
+    with trainable_omega(model) if config.tune_omega else nullcontext():
+        tune = fit(net, train_data, config.train, seed=seed + 3, runtime=runtime,
+                   desc="phase B")
     history += tune.history
     t_b = time.perf_counter() - t0
     metrics = evaluate_recall(model, eval_data)

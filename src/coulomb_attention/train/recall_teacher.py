@@ -54,7 +54,7 @@ from ..dynamics.diagnostics import particle_diagnostics
 from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, per_head
 from ..nn.attention import use_hedgehog_map_
 from .capture import layer_inputs
-from .distill import _fit_hedgehog
+from .distill import adam_fit
 from .phases import langevin_setup, run_phase_a
 
 __all__ = ["FIT_METHODS", "OBJECTIVES", "RecallFitConfig", "fit_recall_omega",
@@ -93,7 +93,10 @@ class RecallFitConfig(ParticleConfig):
     eta: float = 3.0
     eta_end: float = 0.3
     beta: float = 1e6
-    lam: float = 0.0
+    # Coulomb lam 10 by the data: against lam 0 (the same noise and steps) it is never worse
+    # beyond noise and better at hard FAVOR+ M = 16/32/64/128 and easy FAVOR+ M = 8
+    # (docs/ablation.md, MQAR arena)
+    lam: float = 10.0
     potential: str = "riesz"
     s: float = 1.0
     eps: float = 0.1
@@ -180,22 +183,6 @@ def _subsample(trace: list[dict], data_key: str) -> list[dict]:
              "repulsion": float(trace[i].get("repulsion", 0.0))} for i in idx]
 
 
-def _adam(term, omega0: torch.Tensor, stream, config: RecallFitConfig, projection):
-    """Plain Adam on the data term (no noise, no repulsion), projected after each step."""
-    w = omega0.clone().requires_grad_(True)
-    opt = torch.optim.Adam([w], lr=config.lr)
-    trace = []
-    for _ in range(config.steps):
-        value, grad, info = term.value_and_grad(w.detach(), [next(stream)])
-        opt.zero_grad()
-        w.grad = grad.to(w.dtype)
-        opt.step()
-        with torch.no_grad():
-            w.copy_(projection(w.view(-1, w.shape[-1]))[0].view(w.shape))
-        trace.append({"energy": float(value), **info, "repulsion": 0.0})
-    return w.detach(), trace
-
-
 def fit_recall_omega(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
                      objective: str, config: RecallFitConfig,
                      generator: torch.Generator) -> dict[str, Any]:
@@ -263,12 +250,14 @@ def fit_recall_omega(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
                                   normalize_drift=config.normalize_drift)
             omega, trace = run.omega.reshape(G, M, dh), run.trace
         elif config.method == "adam":
-            omega, trace = _adam(term, omega0 if grouped else omega0[0], stream, config, projection)
+            omega, trace = adam_fit(term, omega0 if grouped else omega0[0], stream, config.steps,
+                                    config.lr, tied=False, projection=projection)
+            trace = [{**t, "repulsion": 0.0} for t in trace]
             omega = omega.reshape(G, M, dh)
         else:  # hedgehog: Adam on W with omega = [W; -W], per group
             per = layer.heads // G
             single = TeacherAttention(layer.feature)
-            parts = [_fit_hedgehog(single, omega0[g],
+            parts = [adam_fit(single, omega0[g],
                                    cycle([b.heads(slice(g * per, (g + 1) * per)) for b in fit_b],
                                          order), config.steps, config.lr) for g in range(G)]
             omega = torch.stack([p[0] for p in parts])
