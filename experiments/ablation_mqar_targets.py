@@ -7,7 +7,7 @@ then paired differences by seed (95% t-intervals, :func:`coulomb_attention.stats
 only over the seeds both variants have): best learned - fixed, Coulomb - gradient (the
 repulsion), weighted - Coulomb lam 1 (the masses), learned at M - fixed at 2M and 4M
 (learned = the plain-gradient variant, the reviewer's ablation; the particles are within noise
-of it).
+of it); where the records hold ``end2end`` runs, the same against that reference point.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def main(path: str) -> None:
     for r in read_jsonl(path):
         cell[(r["setting"], label(r), int(r["M"]))][int(r["seed"])] = float(r["score"])
     settings = sorted({k[0] for k in cell})
-    cols = ["fixed", "gradient", "langevin", "coulomb1", "coulomb10", "weighted", "hedgehog"]
+    cols = ["fixed", "gradient", "langevin", "coulomb1", "coulomb10", "weighted", "hedgehog",
+            "end2end"]
 
     def pair(a, b):
         sa, sb = cell.get(a, {}), cell.get(b, {})
@@ -69,6 +70,19 @@ def main(path: str) -> None:
                   f"{pair((st, 'weighted', m), (st, 'coulomb1', m))} | "
                   f"{pair((st, 'gradient', m), (st, 'fixed', 2 * m))} | "
                   f"{pair((st, 'gradient', m), (st, 'fixed', 4 * m))} |")
+    if any(k[1] == "end2end" for k in cell):  # the reference point: omega trained in phase B
+        print()
+        print("End-to-end reference (omega also trained by the task loss in phase B):")
+        print()
+        print("| setting | M | end2end - gradient | end2end - fixed | end2end(M) - fixed(2M) | "
+              "end2end(M) - fixed(4M) |")
+        print("|---|---:|---|---|---|---|")
+        for st in settings:
+            for m in sorted({k[2] for k in cell if k[0] == st and k[1] == "end2end"}):
+                print(f"| {st} | {m} | {pair((st, 'end2end', m), (st, 'gradient', m))} | "
+                      f"{pair((st, 'end2end', m), (st, 'fixed', m))} | "
+                      f"{pair((st, 'end2end', m), (st, 'fixed', 2 * m))} | "
+                      f"{pair((st, 'end2end', m), (st, 'fixed', 4 * m))} |")
 
 
 if __name__ == "__main__":

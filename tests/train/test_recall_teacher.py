@@ -245,7 +245,7 @@ def test_tune_omega_trains_omega_in_phase_b_only_when_asked(tmp_path, monkeypatc
     runs = [lib.run_recall(_cfg(kernel="learned", objective="indicator",
                                 fit={"method": "adam"}, tune_omega=t), teacher_dir=tmp_path)
             for t in (False, True)]
-    for (before, trainable, after), run, tune in zip(seen, runs, (False, True)):
+    for (before, trainable, after), run, tune in zip(seen, runs, (False, True), strict=True):
         assert before and bool(trainable) == tune  # a parameter in phase B only when asked
         moved = [not torch.equal(before[k], after[k]) for k in before]
         assert all(moved) if tune else not any(moved)

@@ -25,6 +25,7 @@ from . import pyplot
 __all__ = [
     "DIAGNOSTICS",
     "REFERENCES",
+    "VARIANTS",
     "diagnostics_table",
     "label",
     "paired_differences",
@@ -32,6 +33,11 @@ __all__ = [
     "verdicts",
     "write_ablation_report",
 ]
+
+#: variant names shared by the arenas, in the order the study plans them and the report shows
+#: them (docs/ablation.md, "The contract"); :mod:`coulomb_attention.studies.ablation` uses it
+VARIANTS = ("fixed", "gradient", "langevin", "coulomb", "weighted", "importance", "hedgehog",
+            "end2end")
 
 REFERENCES = ("gradient", "fixed", "langevin", "hedgehog")
 DIAGNOSTICS = ("nn_min", "nn_median", "collapsed_share", "effective_rank")
@@ -67,9 +73,8 @@ def _cells(records):
 
 
 def _variant_order(lab: str) -> tuple:
-    from ..studies.ablation import VARIANTS as order  # the contract's order
     base = lab.split("(")[0]
-    return (order.index(base) if base in order else len(order), lab)
+    return (VARIANTS.index(base) if base in VARIANTS else len(VARIANTS), lab)
 
 
 def score_table(records: list[dict[str, Any]]) -> str:

@@ -36,6 +36,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..reports.ablation import VARIANTS  # the contract's names, one home
 from ..results import append_jsonl, read_jsonl
 
 __all__ = [
@@ -61,9 +62,6 @@ ARENAS: dict[str, str] = {
     "convert": "coulomb_attention.studies.ablation_convert",
 }
 
-#: variant names shared by the arenas (docs/ablation.md, "The contract")
-VARIANTS = ("fixed", "gradient", "langevin", "coulomb", "weighted", "importance", "hedgehog",
-            "end2end")
 SPEC_KEYS = ("arena", "setting", "variant", "params", "M", "seed")
 RECORD_KEYS = ("metric", "score", "diagnostics", "energy_trace", "time_s")
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
