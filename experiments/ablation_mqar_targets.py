@@ -25,6 +25,8 @@ def label(r: dict) -> str:
     p = r["params"]
     if r["variant"] == "coulomb":
         return f"coulomb{p['lam']:g}"
+    if r["variant"] == "end2end" and p.get("omega_lr_scale", 1.0) != 1.0:
+        return f"end2end(omega lr x{p['omega_lr_scale']:g})"
     return r["variant"]
 
 
@@ -70,19 +72,25 @@ def main(path: str) -> None:
                   f"{pair((st, 'weighted', m), (st, 'coulomb1', m))} | "
                   f"{pair((st, 'gradient', m), (st, 'fixed', 2 * m))} | "
                   f"{pair((st, 'gradient', m), (st, 'fixed', 4 * m))} |")
-    if any(k[1] == "end2end" for k in cell):  # the reference point: omega trained in phase B
+    e2e = sorted({k[1] for k in cell if k[1].startswith("end2end")})
+    if e2e:  # the reference point: omega trained in phase B (at 1x or a faster omega rate)
         print()
         print("End-to-end reference (omega also trained by the task loss in phase B):")
         print()
-        print("| setting | M | end2end - gradient | end2end - fixed | end2end(M) - fixed(2M) | "
-              "end2end(M) - fixed(4M) |")
-        print("|---|---:|---|---|---|---|")
+        print("| setting | M | variant | score | - gradient | - fixed | (M) - fixed(2M) | "
+              "(M) - fixed(4M) |")
+        print("|---|---:|---|---:|---|---|---|---|")
         for st in settings:
-            for m in sorted({k[2] for k in cell if k[0] == st and k[1] == "end2end"}):
-                print(f"| {st} | {m} | {pair((st, 'end2end', m), (st, 'gradient', m))} | "
-                      f"{pair((st, 'end2end', m), (st, 'fixed', m))} | "
-                      f"{pair((st, 'end2end', m), (st, 'fixed', 2 * m))} | "
-                      f"{pair((st, 'end2end', m), (st, 'fixed', 4 * m))} |")
+            for m in sorted({k[2] for k in cell if k[0] == st and k[1] in e2e}):
+                for lab in e2e:
+                    s = cell.get((st, lab, m))
+                    if not s:
+                        continue
+                    print(f"| {st} | {m} | {lab} | {np.mean(list(s.values())):.3f} "
+                          f"({len(s)}) | {pair((st, lab, m), (st, 'gradient', m))} | "
+                          f"{pair((st, lab, m), (st, 'fixed', m))} | "
+                          f"{pair((st, lab, m), (st, 'fixed', 2 * m))} | "
+                          f"{pair((st, lab, m), (st, 'fixed', 4 * m))} |")
 
 
 if __name__ == "__main__":

@@ -433,3 +433,26 @@ def _untimed(x):
     if isinstance(x, list):
         return [_untimed(v) for v in x]
     return x
+
+
+def test_omega_lr_scale_multiplies_the_particles_step_and_nothing_else():
+    from coulomb_attention.nn import trainable_omega
+
+    data = synthetic_set(n=16)
+    cfg = TrainConfig(epochs=1, batch_size=16, lr=1e-2, warmup_fraction=0.0,
+                      schedule="constant")
+    steps = []
+    for scale in (1.0, 4.0):  # one step: the same gradients, Adam's first step is lr * sign
+        model = tiny_model(seed=0)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        with trainable_omega(model):
+            fit(model, data, cfg, seed=0, omega_lr_scale=scale)
+        after = model.state_dict()
+        steps.append({k: after[k] - before[k] for k in before})
+    omega = [k for k in steps[0] if k.endswith("omega")]
+    assert omega and all(steps[0][k].abs().max() > 0 for k in omega)
+    for k in steps[0]:
+        expected = 4 * steps[0][k] if k in omega else steps[0][k]
+        torch.testing.assert_close(steps[1][k], expected, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="omega_lr_scale"):
+        fit(tiny_model(), data, cfg, seed=0, omega_lr_scale=0.0)

@@ -93,7 +93,10 @@ def test_specs_map_to_the_teacher_route():
     assert e2e.tune_omega and not grad.tune_omega and not fixed.tune_omega
     # end2end is the gradient variant plus omega trained in phase B: nothing else differs
     from dataclasses import replace
-    assert replace(e2e, tune_omega=False) == grad
+    assert replace(e2e, tune_omega=False) == grad and e2e.omega_lr_scale == 1.0
+    fast = arena.spec_config({**base, "variant": "end2end",
+                              "params": {"lr": 0.03, "omega_lr_scale": 10.0}})
+    assert fast.omega_lr_scale == 10.0 and replace(fast, omega_lr_scale=1.0) == e2e
     with pytest.raises(ValueError, match="unknown variant"):
         arena.spec_config({**base, "variant": "nope", "params": {}})
     with pytest.raises(ValueError, match="setting"):

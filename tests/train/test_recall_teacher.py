@@ -256,6 +256,10 @@ def test_tune_omega_trains_omega_in_phase_b_only_when_asked(tmp_path, monkeypatc
         _cfg(model={"attention": "softmax"}, tune_omega=True)
     with pytest.raises(TypeError, match="tune_omega"):
         _cfg(tune_omega=1)
+    with pytest.raises(ValueError, match="needs tune_omega"):
+        _cfg(omega_lr_scale=10.0)
+    with pytest.raises(ValueError, match="omega_lr_scale"):
+        _cfg(tune_omega=True, omega_lr_scale=-1.0)
 
 
 def test_tune_omega_keeps_the_resume_key_of_earlier_teacher_route_rows():
@@ -266,3 +270,8 @@ def test_tune_omega_keeps_the_resume_key_of_earlier_teacher_route_rows():
     assert _key(routed) == _key({k: v for k, v in routed.items() if k != "tune_omega"})
     tuned = to_dict(_cfg(kernel="learned", objective="indicator", tune_omega=True))
     assert _key(tuned) != _key(routed)
+    bare = {k: v for k, v in routed.items() if k not in ("tune_omega", "omega_lr_scale")}
+    assert _key(routed) == _key(bare)  # omega_lr_scale 1 leaves the key of earlier rows
+    faster = to_dict(_cfg(kernel="learned", objective="indicator", tune_omega=True,
+                          omega_lr_scale=10.0))
+    assert _key(faster) != _key(tuned)

@@ -90,8 +90,9 @@ def _variant_overrides(variant: str, params: dict[str, Any]) -> dict[str, Any]:
         return {**learned, "fit": {"method": "weighted", "lam": params["lam"],
                                    "beta": params["beta"], "tau": params["tau"],
                                    **{k: params[k] for k in ("w_min",) if k in params}}}
-    if variant == "end2end":
-        return {**learned, "fit": {"method": "adam", "lr": params["lr"]}, "tune_omega": True}
+    if variant == "end2end":  # optional "omega_lr_scale": omega's phase-B learning rate / lr
+        return {**learned, "fit": {"method": "adam", "lr": params["lr"]}, "tune_omega": True,
+                **{k: params[k] for k in ("omega_lr_scale",) if k in params}}
     if variant in PENDING_VARIANTS:
         raise ValueError(f"variant {variant!r} is not implemented in the MQAR arena yet")
     raise ValueError(f"unknown variant {variant!r}; valid: fixed, gradient, langevin, coulomb, "

@@ -30,10 +30,12 @@ ROUTE_FIELDS = ("init", "objective", "fit", "teacher_train")
 
 def run_key(config: dict[str, Any]) -> str:
     """A run's resume key: its resolved config, without the teacher-route fields when the run
-    does not use them and without ``tune_omega`` when it is off (rows written before those
-    fields existed keep their key)."""
+    does not use them, without ``tune_omega`` when it is off and without ``omega_lr_scale``
+    when it is 1 (rows written before those fields existed keep their key)."""
     if not config.get("tune_omega", False):
         config = {k: v for k, v in config.items() if k != "tune_omega"}
+    if config.get("omega_lr_scale", 1.0) == 1.0:
+        config = {k: v for k, v in config.items() if k != "omega_lr_scale"}
     if config.get("init", "warmup") == "warmup" and \
             config.get("objective", "token_pair") == "token_pair":
         config = {k: v for k, v in config.items() if k not in ROUTE_FIELDS}

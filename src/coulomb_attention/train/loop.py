@@ -239,16 +239,25 @@ class FitResult:
         return self.history[-1] if self.history else {}
 
 
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
+def _param_groups(model: nn.Module, weight_decay: float,
+                  omega_lr_scale: float = 1.0) -> list[dict]:
+    """AdamW groups: decayed weights, undecayed ones (biases, norms, embeddings) and, when the
+    particles are trainable (the end-to-end ablation), omega in a group of its own, never
+    decayed, its learning rate ``omega_lr_scale`` times the schedule's (key ``lr_scale``)."""
+    decay, no_decay, omega = [], [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        # particles (omega, trainable only in the end-to-end ablation) are never decayed
-        plain = p.ndim < 2 or "embeddings" in name or name.endswith("omega")
+        if name.endswith("omega"):
+            omega.append(p)
+            continue
+        plain = p.ndim < 2 or "embeddings" in name
         (no_decay if plain else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    if omega:
+        groups.append({"params": omega, "weight_decay": 0.0, "lr_scale": float(omega_lr_scale)})
+    return groups
 
 
 @torch.no_grad()
@@ -290,6 +299,7 @@ def fit(
     run_config: dict | None = None,
     desc: str = "train",
     stop_after: int | None = None,
+    omega_lr_scale: float = 1.0,
 ) -> FitResult:
     """Train ``model`` with cross-entropy for ``config.epochs`` epochs.
 
@@ -317,6 +327,9 @@ def fit(
     stop_after : int, optional
         Return after this many epochs in total (the checkpoint is written; a later call with
         ``resume=True`` continues). The learning-rate schedule still spans ``config.epochs``.
+    omega_lr_scale : float
+        Multiplier of the learning rate of trainable particles (parameters named ``*omega``,
+        e.g. inside :func:`~coulomb_attention.nn.trainable_omega`); 1: the same as the rest.
 
     Returns
     -------
@@ -335,7 +348,9 @@ def fit(
     device = runtime.device
     model.to(device)
     data_gen = torch.Generator().manual_seed(int(seed))
-    optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay), lr=config.lr)
+    check_positive("omega_lr_scale", omega_lr_scale)
+    optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay, omega_lr_scale),
+                                  lr=config.lr)
     stored_config = {"train": to_dict(config), "run": run_config or {}}
 
     history: list[dict[str, Any]] = []
@@ -390,7 +405,7 @@ def fit(
                 lr = config.lr * lr_factor(step, total_steps, config.warmup_fraction,
                                            config.schedule)
                 for group in optimizer.param_groups:
-                    group["lr"] = lr
+                    group["lr"] = lr * group.get("lr_scale", 1.0)
                 logits = net(ids, mask)
                 loss = nn.functional.cross_entropy(logits.float(), labels,
                                                    label_smoothing=config.label_smoothing)

@@ -113,6 +113,8 @@ class RecallRunConfig:
                                  the end-to-end ablation, an upper reference for what M
                                  features of the map reach at this budget (default False:
                                  omega frozen, the method's phase B)
+    omega_lr_scale : float       with ``tune_omega``: omega's learning rate in phase B, as a
+                                 multiple of ``train.lr`` (default 1)
     """
 
     task: MQARConfig = field(default_factory=MQARConfig)
@@ -129,6 +131,7 @@ class RecallRunConfig:
     fit: RecallFitConfig = field(default_factory=RecallFitConfig)
     teacher_train: TrainConfig = field(default_factory=_recall_teacher_default)
     tune_omega: bool = False
+    omega_lr_scale: float = 1.0
 
     def __post_init__(self) -> None:
         check_choice("kernel", self.kernel, KERNELS)
@@ -146,6 +149,10 @@ class RecallRunConfig:
             with_particles = [k for k, v in ATTENTION_FEATURES.items() if v.has_features]
             raise ValueError(f"tune_omega needs a map with particles {with_particles}, got "
                              f"attention={self.model.attention!r}")
+        check_positive("omega_lr_scale", self.omega_lr_scale)
+        if self.omega_lr_scale != 1.0 and not self.tune_omega:
+            raise ValueError(f"omega_lr_scale={self.omega_lr_scale} needs tune_omega=True "
+                             "(omega is frozen in phase B otherwise)")
         for name in ("n_train", "n_eval", "warmup_epochs"):
             check_positive(name, getattr(self, name), integer=True)
         if self.model.vocab_size < self.task.vocab_size:
@@ -377,7 +384,7 @@ def run_recall(config: RecallRunConfig, progress: bool = False,
     t0 = time.perf_counter()
     with trainable_omega(model) if config.tune_omega else nullcontext():
         tune = fit(net, train_data, config.train, seed=seed + 3, runtime=runtime,
-                   desc="phase B")
+                   desc="phase B", omega_lr_scale=config.omega_lr_scale)
     history += tune.history
     t_b = time.perf_counter() - t0
     metrics = evaluate_recall(model, eval_data)
