@@ -28,6 +28,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
     p.add_argument("--lams", type=float, nargs="+", default=[0.1])
+    p.add_argument("--adam-lrs", type=float, nargs="+", default=[],
+                   help="further layer-wise learning rates of gradient and hedgehog (params "
+                        "{lr}; the refinement's scales with it); the budget's lr always runs")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--refine-steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=64)
@@ -42,6 +45,8 @@ def main() -> None:
                     holdout=32, eval_sentences=a.eval_sentences, lams=tuple(a.lams), tag=a.tag)
     plan = plan_with(budget, a.seeds, a.features, settings=tuple(a.settings),
                      variants=tuple(a.variants))
+    plan += [{**s, "params": {"lr": lr}} for lr in a.adam_lrs for s in plan
+             if s["variant"] in ("gradient", "hedgehog") and lr != budget.lr]
     print(run_plan(plan, a.out, data_dir=a.data_dir), flush=True)
     print(f"wrote {write_ablation_report(a.out)}")
 

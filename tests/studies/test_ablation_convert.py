@@ -48,6 +48,23 @@ def test_plan_shapes_and_names():
         arena.plan_with(TINY, [0], [7])
 
 
+def test_adam_variants_take_a_learning_rate_param():
+    spec = {"n_fit": 64, "params": {}}
+    base = arena._distill_config({**spec, "variant": "gradient"}, arena.FULL)
+    assert (base.method, base.lr, base.refine_lr) == ("adam", arena.FULL.lr, arena.FULL.refine_lr)
+    for variant in ("gradient", "hedgehog"):
+        cfg = arena._distill_config({**spec, "variant": variant, "params": {"lr": 0.1}},
+                                    arena.FULL)
+        assert cfg.lr == 0.1  # the refinement's rate keeps the budget's ratio to it
+        assert cfg.refine_lr == pytest.approx(0.1 * arena.FULL.refine_lr / arena.FULL.lr)
+    langevin = arena._distill_config({**spec, "variant": "langevin",
+                                      "params": {"beta": arena.BETA, "lr": 0.1}}, arena.FULL)
+    assert langevin.lr == arena.FULL.lr  # lr is a param of the Adam variants only
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        arena._distill_config({**spec, "variant": "gradient", "params": {"lr": 0.0}},
+                              arena.FULL)
+
+
 @pytest.mark.parametrize("variant", ["hedgehog", "coulomb", "gradient", "fixed", "weighted"])
 def test_tiny_run_record_and_checkpoint(tiny_dir, tmp_path, variant):
     (spec,) = arena.plan_with(TINY, [0], [8], settings=(8,), variants=(variant,),

@@ -147,10 +147,16 @@ def _distill_config(spec: dict[str, Any], budget: Budget):
     from ..train.distill import DistillConfig
 
     p, v = spec["params"], spec["variant"]
+    # optional params {"lr"} of the Adam variants (gradient, hedgehog): a learning-rate sweep;
+    # the refinement's rate scales with it (the budget's ratio refine_lr / lr)
+    lr = float(p.get("lr", budget.lr)) if v in ("gradient", "hedgehog") else budget.lr
+    if not lr > 0:
+        raise ValueError(f"params lr must be > 0, got {p!r}")
     base = DistillConfig(n_examples=spec["n_fit"], holdout=budget.holdout,
                          batch_size=budget.batch_size, rows_per_sequence=budget.rows,
                          steps=budget.steps, refine_steps=budget.refine_steps,
-                         refine_examples=spec["n_fit"], lr=budget.lr, refine_lr=budget.refine_lr)
+                         refine_examples=spec["n_fit"], lr=lr,
+                         refine_lr=budget.refine_lr * lr / budget.lr)
     methods = {"gradient": dict(method="adam", lam=0.0, beta=0.0),
                "langevin": dict(method="langevin", lam=0.0, beta=p.get("beta", BETA)),
                "coulomb": dict(method="langevin", lam=p.get("lam", 0.0),
