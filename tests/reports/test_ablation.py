@@ -68,7 +68,8 @@ def test_paired_differences_equal_a_hand_computation():
     mean, lo, hi = _by_hand([0.73, 0.71, 0.76, 0.72], [0.50, 0.52, 0.47, 0.51])
     assert (row["mean"], row["low"], row["high"], row["n"]) == pytest.approx((mean, lo, hi, 4))
     # against hedgehog too, and never a label against itself
-    assert any(r["reference"] == "hedgehog" and r["label"] == "gradient" for r in rows)
+    row = next(r for r in rows if r["reference"] == "hedgehog" and r["label"] == "gradient")
+    assert row["ahead"] == 2 and row["n"] == 3  # seeds 0 and 2 ahead, seed 1 behind
     assert not any(r["label"] == r["reference"] for r in rows)
 
 

@@ -106,7 +106,8 @@ def paired_differences(records: list[dict[str, Any]],
                        references: tuple[str, ...] = REFERENCES) -> list[dict[str, Any]]:
     """Every label minus every reference label (variant in ``references``) of the same arena,
     setting and M, paired by seed over the seeds both have: rows ``arena, setting, M, label,
-    reference, mean, low, high, n, seeds``."""
+    reference, mean, low, high, n, seeds, ahead`` (``ahead``: seeds where the label scores
+    strictly higher; the targets ask "every seed")."""
     rows = []
     for (arena, setting), labels in sorted(_cells(records).items()):
         refs = [lab for lab in labels if lab.split("(")[0] in references]
@@ -121,9 +122,10 @@ def paired_differences(records: list[dict[str, Any]],
                         continue
                     mean, lo, hi, n = paired_difference([a[s]["score"] for s in seeds],
                                                         [b[s]["score"] for s in seeds])
+                    ahead = sum(a[s]["score"] > b[s]["score"] for s in seeds)
                     rows.append({"arena": arena, "setting": setting, "M": m, "label": lab,
                                  "reference": ref, "mean": mean, "low": lo, "high": hi,
-                                 "n": n, "seeds": seeds})
+                                 "n": n, "seeds": seeds, "ahead": ahead})
     return rows
 
 
@@ -220,12 +222,12 @@ def write_ablation_report(out: str | Path, plots: bool = True) -> Path:
     lines += [f"- {v}" for v in verdicts(records)] or ["- (no coulomb/gradient pair)"]
     lines += ["", "## Scores", "", score_table(records), "## Paired differences", "",
               "Each label minus the reference, paired by seed: mean [95% t-interval] (seeds).",
-              "", "| arena | setting | M | variant | reference | difference | n |",
-              "|---|---|---|---|---|---|---|"]
+              "", "| arena | setting | M | variant | reference | difference | n | seeds ahead |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in paired_differences(records):
         lines.append(f"| {r['arena']} | {r['setting']} | {r['M']} | {r['label']} | "
                      f"{r['reference']} | {_interval(r['mean'], r['low'], r['high'])} | "
-                     f"{r['n']} |")
+                     f"{r['n']} | {r['ahead']}/{r['n']} |")
     lines += ["", "## Diagnostics (means over seeds)", "", diagnostics_table(records)]
     if plots:
         lines += ["## Plots", ""]
