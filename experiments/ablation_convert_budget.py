@@ -31,6 +31,9 @@ def main() -> None:
     p.add_argument("--adam-lrs", type=float, nargs="+", default=[],
                    help="further layer-wise learning rates of gradient and hedgehog (params "
                         "{lr}; the refinement's scales with it); the budget's lr always runs")
+    p.add_argument("--eta-scales", type=float, nargs="+", default=[],
+                   help="further step-size multipliers of langevin and coulomb (params "
+                        "{eta_scale}: layer-wise and refinement eta and eta_end); 1 always runs")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--refine-steps", type=int, default=40)
     p.add_argument("--batch-size", type=int, default=64)
@@ -45,8 +48,11 @@ def main() -> None:
                     holdout=32, eval_sentences=a.eval_sentences, lams=tuple(a.lams), tag=a.tag)
     plan = plan_with(budget, a.seeds, a.features, settings=tuple(a.settings),
                      variants=tuple(a.variants))
-    plan += [{**s, "params": {"lr": lr}} for lr in a.adam_lrs for s in plan
+    base = list(plan)
+    plan += [{**s, "params": {"lr": lr}} for lr in a.adam_lrs for s in base
              if s["variant"] in ("gradient", "hedgehog") and lr != budget.lr]
+    plan += [{**s, "params": {**s["params"], "eta_scale": c}} for c in a.eta_scales
+             for s in base if s["variant"] in ("langevin", "coulomb") and c != 1.0]
     print(run_plan(plan, a.out, data_dir=a.data_dir), flush=True)
     print(f"wrote {write_ablation_report(a.out)}")
 

@@ -48,7 +48,7 @@ def test_plan_shapes_and_names():
         arena.plan_with(TINY, [0], [7])
 
 
-def test_adam_variants_take_a_learning_rate_param():
+def test_step_size_params_of_the_adam_and_langevin_variants():
     spec = {"n_fit": 64, "params": {}}
     base = arena._distill_config({**spec, "variant": "gradient"}, arena.FULL)
     assert (base.method, base.lr, base.refine_lr) == ("adam", arena.FULL.lr, arena.FULL.refine_lr)
@@ -60,6 +60,13 @@ def test_adam_variants_take_a_learning_rate_param():
     langevin = arena._distill_config({**spec, "variant": "langevin",
                                       "params": {"beta": arena.BETA, "lr": 0.1}}, arena.FULL)
     assert langevin.lr == arena.FULL.lr  # lr is a param of the Adam variants only
+    fast = arena._distill_config({**spec, "variant": "langevin",
+                                  "params": {"beta": arena.BETA, "eta_scale": 2.0}}, arena.FULL)
+    assert (fast.eta, fast.eta_end, fast.refine_eta, fast.refine_eta_end) == \
+        tuple(2 * getattr(langevin, k) for k in ("eta", "eta_end", "refine_eta", "refine_eta_end"))
+    with pytest.raises(ValueError, match="eta_scale"):
+        arena._distill_config({**spec, "variant": "gradient", "params": {"eta_scale": 2.0}},
+                              arena.FULL)
     with pytest.raises(ValueError, match="lr must be > 0"):
         arena._distill_config({**spec, "variant": "gradient", "params": {"lr": 0.0}},
                               arena.FULL)

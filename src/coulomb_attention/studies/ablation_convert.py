@@ -166,7 +166,16 @@ def _distill_config(spec: dict[str, Any], budget: Budget):
                                 beta=p.get("beta", BETA), tau=p.get("tau", WEIGHTED_TAU))}
     if v == "coulomb" and not p.get("lam", 0) > 0:
         raise ValueError(f"the coulomb variant needs params lam > 0, got {p!r}")
-    return dataclasses.replace(base, **methods[v]) if v in methods else base
+    cfg = dataclasses.replace(base, **methods[v]) if v in methods else base
+    if "eta_scale" in p:  # optional param of the Langevin variants: a step-size sweep
+        c = float(p["eta_scale"])
+        if v not in ("langevin", "coulomb") or not c > 0:
+            raise ValueError(f"params eta_scale must be > 0 and of langevin or coulomb, got "
+                             f"{v!r} {p!r}")
+        cfg = dataclasses.replace(cfg, eta=c * cfg.eta, eta_end=c * cfg.eta_end,
+                                  refine_eta=c * cfg.refine_eta,
+                                  refine_eta_end=c * cfg.refine_eta_end)
+    return cfg
 
 
 def _mean_trace(traces: list[list[dict]]) -> list[dict[str, float]]:
