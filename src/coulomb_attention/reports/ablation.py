@@ -166,17 +166,23 @@ def _plot_scores(records, arena: str, path: Path) -> None:
     plt = pyplot()
     cells = {k: v for k, v in _cells(records).items() if k[0] == arena}
     fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 3.4), squeeze=False)
+    # one colour per label in every panel (panels may hold different labels), one legend
+    every = sorted({lab for labels in cells.values() for lab in labels}, key=_variant_order)
+    cmap = plt.get_cmap("tab10" if len(every) <= 10 else "tab20")
+    color = {lab: cmap(i % cmap.N) for i, lab in enumerate(every)}
     for ax, ((_, setting), labels) in zip(axes[0], sorted(cells.items()), strict=True):
         for lab in sorted(labels, key=_variant_order):
             ms = sorted(labels[lab])
             stats = [mean_interval([r["score"] for r in labels[lab][m].values()]) for m in ms]
             err = [0.0 if math.isnan(s[1]) else (s[2] - s[1]) / 2 for s in stats]
-            ax.errorbar(ms, [s[0] for s in stats], yerr=err, marker="o", capsize=3, label=lab)
+            ax.errorbar(ms, [s[0] for s in stats], yerr=err, marker="o", capsize=3, label=lab,
+                        color=color[lab])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("M (features)")
         ax.set_title(f"{arena} / {setting}")
     axes[0][0].set_ylabel("held-out score")
-    axes[0][-1].legend(fontsize=7)
+    handles = [plt.Line2D([], [], color=color[lab], marker="o", label=lab) for lab in every]
+    axes[0][-1].legend(handles=handles, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
