@@ -31,6 +31,9 @@ def main() -> None:
     p.add_argument("--adam-lrs", type=float, nargs="+", default=[],
                    help="further layer-wise learning rates of gradient and hedgehog (params "
                         "{lr}; the refinement's scales with it); the budget's lr always runs")
+    p.add_argument("--particle-map", choices=("favor", "hedgehog"), default="favor",
+                   help="hedgehog: gradient / langevin / coulomb move untied particles of "
+                        "Hedgehog's map (params {map}); only those variants are planned")
     p.add_argument("--eta-scales", type=float, nargs="+", default=[],
                    help="further step-size multipliers of langevin and coulomb (params "
                         "{eta_scale}: layer-wise and refinement eta and eta_end); 1 always runs")
@@ -53,6 +56,9 @@ def main() -> None:
              if s["variant"] in ("gradient", "hedgehog") and lr != budget.lr]
     plan += [{**s, "params": {**s["params"], "eta_scale": c}} for c in a.eta_scales
              for s in base if s["variant"] in ("langevin", "coulomb") and c != 1.0]
+    if a.particle_map != "favor":
+        plan = [{**s, "params": {**s["params"], "map": a.particle_map}} for s in plan
+                if s["variant"] in ("gradient", "langevin", "coulomb")]
     print(run_plan(plan, a.out, data_dir=a.data_dir), flush=True)
     print(f"wrote {write_ablation_report(a.out)}")
 

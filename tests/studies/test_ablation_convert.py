@@ -67,15 +67,25 @@ def test_step_size_params_of_the_adam_and_langevin_variants():
     with pytest.raises(ValueError, match="eta_scale"):
         arena._distill_config({**spec, "variant": "gradient", "params": {"eta_scale": 2.0}},
                               arena.FULL)
+    assert arena._particle_map({**spec, "variant": "langevin"}) == "favor"
+    with pytest.raises(ValueError, match="map"):
+        arena._particle_map({**spec, "variant": "hedgehog", "params": {"map": "hedgehog"}})
+    with pytest.raises(ValueError, match="map must be"):
+        arena._particle_map({**spec, "variant": "langevin", "params": {"map": "elu"}})
     with pytest.raises(ValueError, match="lr must be > 0"):
         arena._distill_config({**spec, "variant": "gradient", "params": {"lr": 0.0}},
                               arena.FULL)
 
 
-@pytest.mark.parametrize("variant", ["hedgehog", "coulomb", "gradient", "fixed", "weighted"])
+@pytest.mark.parametrize("variant", ["hedgehog", "coulomb", "gradient", "fixed", "weighted",
+                                     "coulomb-on-hedgehog-map"])
 def test_tiny_run_record_and_checkpoint(tiny_dir, tmp_path, variant):
+    on_map = variant.endswith("-on-hedgehog-map")
+    variant = variant.split("-")[0]
     (spec,) = arena.plan_with(TINY, [0], [8], settings=(8,), variants=(variant,),
                               encoder=str(tiny_dir))
+    if on_map:
+        spec["params"] = {**spec["params"], "map": "hedgehog"}
     rec = arena.run(dict(spec), run_dir=tmp_path / "run")
     for key in (*SPEC_KEYS, *RECORD_KEYS, "checkpoint", "score_train", "spearman", "n_eval"):
         assert key in rec, key
@@ -101,8 +111,12 @@ def test_tiny_run_record_and_checkpoint(tiny_dir, tmp_path, variant):
     held = load_sentences(("sst2", "rotten_tomatoes", "qqp"), "eval", None, 12, 10_000)
     fid = embedding_fidelity(embed(teacher, tok, held, 16), embed(model, tok, held, 16))
     assert fid["cos_mean"] == pytest.approx(rec["score"], abs=1e-5)
-    if variant == "hedgehog":
+    if variant == "hedgehog" or spec["params"].get("map") == "hedgehog":
         assert {la.feature_map for la in model.attention_layers} == {"hedgehog"}
+    if spec["params"].get("map") == "hedgehog":  # untied: the halves no longer mirror
+        omega = model.attention_layers[0].omega
+        half = omega.shape[-2] // 2
+        assert not torch.allclose(omega[..., half:, :], -omega[..., :half, :])
     # the masses of a weighted conversion are in its checkpoint (and only there)
     assert all((la.mass is not None) == (variant == "weighted") for la in model.attention_layers)
 

@@ -143,6 +143,20 @@ def plan(quick: bool, seeds: list[int], features: list[int] | None) -> list[dict
 # ---------------------------------------------------------------------------- one run
 
 
+def _particle_map(spec: dict[str, Any]) -> str:
+    """The feature map the particles of ``spec`` move in: ``favor`` (default) or, with
+    ``params {"map": "hedgehog"}`` (variants gradient, langevin, coulomb), Hedgehog's
+    ``[softmax(A x), softmax(B x)]`` started from the tied draw ``B = -A`` and moved *untied*
+    (every row of omega a particle): is Hedgehog's lead its map or its optimiser?"""
+    name = spec["params"].get("map", "favor")
+    if name not in ("favor", "hedgehog"):
+        raise ValueError(f"params map must be favor or hedgehog, got {name!r}")
+    if name == "hedgehog" and spec["variant"] not in ("gradient", "langevin", "coulomb"):
+        raise ValueError(f"params map applies to gradient, langevin and coulomb, not "
+                         f"{spec['variant']!r}")
+    return name
+
+
 def _distill_config(spec: dict[str, Any], budget: Budget):
     from ..train.distill import DistillConfig
 
@@ -251,6 +265,11 @@ def run(spec: dict[str, Any], *, run_dir: str | Path | None = None,
     tok = load_pretrained_tokenizer(directory)
     teacher = load_pretrained_encoder(directory, "softmax")
     model = load_pretrained_encoder(directory, "favor", m, share_features=False, generator=seed)
+    if _particle_map(spec) == "hedgehog":  # the particle dynamics on Hedgehog's map (untied)
+        from ..nn.attention import use_hedgehog_map_
+
+        for layer in model.attention_layers:
+            use_hedgehog_map_(layer)
     tasks = tuple(spec.get("tasks", ("sst2", "rotten_tomatoes", "qqp")))
     sentences = load_sentences(tasks, "train", data_dir, spec["n_fit"] + budget.holdout, seed)
     held = load_sentences(tasks, "eval", data_dir, budget.eval_sentences, 10_000 + seed)
