@@ -110,7 +110,7 @@ def test_pretrained_encoder_through_the_one_pipeline_and_resume(tiny_dir, tmp_pa
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["encoder"] == str(tiny_dir) and saved["n_train"] == 48
     assert saved["model_config"]["post_norm"] and saved["model_config"]["layers"] == 2
-    assert len(saved["alignment"]) == 2  # one record per layer (shared omega)
+    assert len(saved["alignment"]) == 2 * 2  # one record per layer and head (untied, as convert)
     assert all(math.isfinite(m[k]) for k in ("accuracy", "ece", "log_loss", "brier"))
     assert (out / "ckpt" / "aligned" / "alignment.json").is_file()
     assert m["n_params"] - m["n_trainable_params"] >= 40 * 16  # the frozen token table
@@ -135,24 +135,109 @@ def test_pretrained_phase_a_moves_only_omega(tiny_dir, tmp_path):
     assert learned["alignment"] and not vanilla["alignment"]
     assert not (tmp_path / "v" / "ckpt" / "aligned").exists()
     start = load_pretrained_encoder(str(tiny_dir), "favor", 8, num_labels=2, dropout=0.1,
+                                    share_features=False,
                                     generator=torch.Generator().manual_seed(0))
-    aligned = load_pretrained_encoder(str(tiny_dir), "favor", 8)
+    aligned = load_pretrained_encoder(str(tiny_dir), "favor", 8, share_features=False)
     load_model_file(tmp_path / "l" / "ckpt" / "aligned" / "model.safetensors", aligned)
     sa, sb = start.state_dict(), aligned.state_dict()
     moved = [k for k in sa if not torch.equal(sa[k], sb[k])]
     assert moved and all(k.endswith(".omega") for k in moved), moved
 
 
-def test_teacher_objective_distils_the_softmax_attention(tiny_dir, tmp_path):
-    """Phase A with the teacher objective (``minilm compare``'s softmax_align variant) runs
-    through the same pipeline and lowers the row KL to the model's own softmax attention."""
-    cfg = _tiny_pretrained(str(tiny_dir), objective="teacher")
-    m = pipeline.run(cfg, tmp_path / "t", log=lambda *_: None)
-    recs = m["alignment"]
-    assert recs and m["config"]["objective"] == "teacher"
-    assert all(math.isfinite(m[k]) for k in ("accuracy", "log_loss"))
-    kl = [(r["kl_before"], r["kl_after"]) for r in recs]
-    assert all(b is not None and a is not None and a <= b + 1e-9 for b, a in kl), kl
+SENTENCES = ["the movie was good", "a bad film , not fun", "great", "it is not good",
+             "the film was a great fun", "bad , bad movie", "it was fun", "not a film",
+             "good good fun", "the bad movie is not great", "a film", "it is the movie"]
+
+
+def _tiny_conversion(tiny_dir, tmp_path, *, variant="particles", seed=0, m=8):
+    """A finished conversion of the tiny encoder (few steps), in a conversion cache."""
+    from coulomb_attention.convert import ConvertConfig, cached_conversion
+    from coulomb_attention.train.distill import DistillConfig
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    distill = DistillConfig(n_examples=9, holdout=3, batch_size=3, rows_per_sequence=0,
+                            steps=3, refine_steps=2, refine_examples=9)
+    cfg = ConvertConfig(encoder=str(tiny_dir), n_features=m, seed=seed, variant=variant,
+                        sentences_file=str(sent), distill=distill, max_length=16)
+    logs = []
+    d = cached_conversion(cfg, tmp_path / "cache", log=logs.append)
+    return cfg, d, logs
+
+
+def test_teacher_phase_a_is_the_conversion_and_its_particles_stay_frozen(tiny_dir, tmp_path):
+    """Phase A of the teacher objective is the conversion's directory: its records are the
+    run's, its particles are the model's and phase B leaves them where the conversion put
+    them; the cache reuses a finished conversion (same directory, no second fit)."""
+    from safetensors.torch import load_file
+
+    cfg, conv, logs = _tiny_conversion(tiny_dir, tmp_path)
+    assert (conv / "result.json").is_file() and any("converting" in x for x in logs)
+    _, again, logs2 = _tiny_conversion(tiny_dir, tmp_path)
+    assert again == conv and logs2 == [f"conversion reused: {conv}"]
+
+    run_cfg = _tiny_pretrained(str(tiny_dir), objective="teacher")
+    m = pipeline.run(run_cfg, tmp_path / "t", converted=conv, log=lambda *_: None)
+    assert m["conversion"]["dir"] == str(conv) and m["config"]["objective"] == "teacher"
+    saved = [json.loads(x) for x in (conv / "records.jsonl").read_text().splitlines() if x]
+    assert m["alignment"] == saved and saved
+    assert all(math.isfinite(m[k]) for k in ("accuracy", "log_loss", "brier"))
+    want = load_file(conv / "checkpoint" / "model.safetensors")
+    final = load_file(tmp_path / "t" / "ckpt" / "finetune" / "epoch-001" / "model.safetensors")
+    for layer in (0, 1):  # phase B froze the converted particles
+        torch.testing.assert_close(final[f"blocks.{layer}.attn.omega"],
+                                   want[f"encoder.layer.{layer}.attention.self.omega"],
+                                   rtol=0, atol=0)
+
+
+def test_teacher_without_or_with_a_wrong_conversion_is_refused(tiny_dir, tmp_path):
+    """No conversion, a conversion of another seed or another method, a conversion given to a
+    label run, a vanilla run on a converted encoder: each one line naming the problem."""
+    _, conv, _ = _tiny_conversion(tiny_dir, tmp_path)
+    teacher = _tiny_pretrained(str(tiny_dir), objective="teacher")
+    with pytest.raises(ValueError, match="phase A of a pretrained encoder with the teacher"):
+        pipeline.run(teacher, tmp_path / "a", log=lambda *_: None)
+    with pytest.raises(ValueError, match="seed 0 .run: 1."):
+        pipeline.run(_tiny_pretrained(str(tiny_dir), objective="teacher", seed=1),
+                     tmp_path / "b", converted=conv, log=lambda *_: None)
+    with pytest.raises(ValueError, match="method 'langevin' .run: 'hedgehog'."):
+        pipeline.run(_tiny_pretrained(str(tiny_dir), objective="teacher",
+                                      distill={"method": "hedgehog", "steps": 2}),
+                     tmp_path / "c", converted=conv, log=lambda *_: None)
+    with pytest.raises(ValueError, match="converted= is phase A"):
+        pipeline.run(_tiny_pretrained(str(tiny_dir)), tmp_path / "d", converted=conv,
+                     log=lambda *_: None)
+    with pytest.raises(FileNotFoundError, match="not a finished conversion"):
+        pipeline.run(teacher, tmp_path / "e", converted=tmp_path, log=lambda *_: None)
+    with pytest.raises(ValueError, match="holds learned favor particles"):
+        pipeline.run(_tiny_pretrained(str(conv), kernel="vanilla"), tmp_path / "f",
+                     log=lambda *_: None)
+
+
+def test_encoder_dir_of_a_conversion_fine_tunes_it_without_phase_a(tiny_dir, tmp_path):
+    """``train --encoder DIR`` of a convert output: the checkpoint inside is the model, its
+    particles are kept (no phase A records, no aligned checkpoint)."""
+    _, conv, _ = _tiny_conversion(tiny_dir, tmp_path)
+    m = pipeline.run(_tiny_pretrained(str(conv), objective="teacher"), tmp_path / "r",
+                     log=lambda *_: None)
+    assert not m["alignment"] and math.isfinite(m["accuracy"])
+    assert m["timings"].get("phase_a_s", 0.0) == 0.0
+
+
+def test_conversion_of_a_run_names_map_m_seed_and_method():
+    from coulomb_attention.convert import conversion_key, conversion_of_run
+
+    base = {"task": "sst2", "encoder": "minilm", "attention": "porf_softplus",
+            "kernel": "learned", "objective": "teacher", "model": {"n_features": 32},
+            "seed": 3}
+    c = conversion_of_run(pipeline.make_run_config(base))
+    assert (c.feature_map, c.n_features, c.seed, c.variant) == ("porf_softplus", 32, 3,
+                                                                 "particles")
+    h = conversion_of_run(pipeline.make_run_config({**base, "attention": "favor",
+                                                     "distill": {"method": "hedgehog"}}))
+    assert h.variant == "hedgehog" and h.distill.method == "langevin"
+    assert conversion_key(c).startswith("minilm-porf_softplus-particles-M32-s3-")
+    assert conversion_key(c) != conversion_key(h)
 
 
 # --------------------------------------------------------------------------- is_done

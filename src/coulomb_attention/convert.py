@@ -47,6 +47,9 @@ from .train.finish import FinishConfig, finish_lowrank
 __all__ = [
     "ConvertConfig",
     "VARIANTS",
+    "cached_conversion",
+    "conversion_key",
+    "conversion_of_run",
     "convert_encoder",
     "embed",
     "embedding_fidelity",
@@ -515,3 +518,54 @@ def speed_table(model, teacher, lengths: Sequence[int], layer_lengths: Sequence[
                      "converted_ms": 1e3 * time_forward(lambda x=x: src(x), repeats) / batch_size,
                      "softmax_ms": 1e3 * time_forward(lambda x=x: ref(x), repeats) / batch_size})
     return rows
+
+
+# ---------------------------------------------------------------------------- phase A of a run
+
+
+def conversion_of_run(run_config) -> ConvertConfig:
+    """The conversion that is phase A of a pretrained-encoder run with the teacher objective.
+
+    ``run_config`` (:class:`~coulomb_attention.train.run.RunConfig`) contributes the encoder,
+    the map (``attention``), ``M`` (``model.n_features``), the seed and the distillation
+    (``distill``; ``distill.method == "hedgehog"`` gives the Hedgehog baseline); everything
+    else is :class:`ConvertConfig`'s default, so ``coulomb-attention convert`` with the same
+    four choices makes the same checkpoint, and every task reuses it (the conversion
+    distils on the unlabelled training text of ``ConvertConfig.tasks``, not on one task).
+    """
+    variant = "hedgehog" if run_config.distill.method == "hedgehog" else "particles"
+    distill = run_config.distill
+    if variant == "hedgehog":
+        distill = dataclasses.replace(distill, method=DistillConfig().method)
+    return ConvertConfig(encoder=run_config.encoder, feature_map=run_config.attention,
+                         n_features=run_config.model.n_features, seed=run_config.seed,
+                         variant=variant, distill=distill)
+
+
+def conversion_key(config: ConvertConfig) -> str:
+    """Directory name of ``config`` in a conversion cache: readable fields + a config hash."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(_to_json(config), sort_keys=True).encode()).hexdigest()
+    encoder = Path(str(config.encoder).rstrip("/")).name or "encoder"
+    return (f"{encoder}-{config.feature_map}-{config.variant}-M{config.n_features}"
+            f"-s{config.seed}-{digest[:10]}")
+
+
+def cached_conversion(config: ConvertConfig, cache_dir: str | os.PathLike, *, data_dir=None,
+                      progress: bool = False, log: Callable[[str], None] = print) -> Path:
+    """The directory of conversion ``config`` under ``cache_dir`` (``conversion_key``), made
+    by :func:`convert_encoder` (without the fidelity/probe evaluation) if it is not there yet
+    and reused otherwise; an interrupted conversion resumes. Returns the conversion directory
+    (``checkpoint/``, ``records.jsonl``, ``result.json``)."""
+    out = Path(cache_dir) / conversion_key(config)
+    if (out / "result.json").is_file() and (out / "checkpoint" / "config.json").is_file():
+        saved = json.loads((out / "result.json").read_text(encoding="utf-8"))
+        if saved.get("config") != _to_json(config):  # a hash collision or an edited file
+            raise ValueError(f"{out} holds another conversion; delete it")
+        log(f"conversion reused: {out}")
+        return out
+    log(f"converting ({config.feature_map}, {config.variant}, M={config.n_features}, seed "
+        f"{config.seed}) into {out}")
+    convert_encoder(config, out, data_dir=data_dir, progress=progress, log=log, evaluate=False)
+    return out

@@ -4,13 +4,15 @@ Actions (each run goes through the one pipeline, :func:`coulomb_attention.train.
 ``encoder="minilm"`` or ``--encoder DIR``; ``run`` is ``train --encoder minilm``)::
 
     run      one (task, attention, kernel) run -> OUT/metrics.json
-    compare  every variant on every task -> OUT/<task>-<variant>-s<seed>/, OUT/results.jsonl,
-             OUT/table.md (finished runs with the same configuration are reused)
+    compare  every variant on every task and seed -> OUT/<task>-<variant>-s<seed>/,
+             OUT/results.jsonl, OUT/table.md, then the report (finished runs are reused)
+    report   OUT/results.jsonl -> OUT/report.md (per task: means with intervals, paired
+             differences), OUT/report.json, OUT/<task>.png
     timing   encoder forward time versus sequence length -> OUT/timing.csv, OUT/timing.png
 
-A variant is ``ATTENTION:KERNEL`` with KERNEL ``vanilla``, ``learned`` (phase A on the labels)
-or ``softmax_align`` (learned, phase A distils the pretrained softmax attention: objective
-``teacher``).
+A variant is ``ATTENTION:KERNEL`` with KERNEL ``vanilla`` (fresh fixed features), ``teacher``
+(phase A = the conversion, cached), ``labels`` (phase A = label alignment) or ``hedgehog``
+(``hedgehog:hedgehog``, Hedgehog's baseline); :mod:`coulomb_attention.studies.minilm`.
 """
 
 from __future__ import annotations
@@ -27,26 +29,39 @@ from .train import run as run_train
 __all__ = ["add_arguments", "run"]
 
 # for --help only (the study module imports the pipeline); tests check it against VARIANTS
-VARIANT_NAMES = ("softmax:vanilla", "favor:vanilla", "favor:learned", "favor:softmax_align",
-                 "porf_softplus:vanilla", "porf_softplus:learned")
+VARIANT_NAMES = ("softmax:vanilla", "favor:vanilla", "favor:teacher", "hedgehog:hedgehog",
+                 "favor:labels", "porf_softplus:vanilla", "porf_softplus:teacher",
+                 "softmax_feat:vanilla", "softmax_feat:teacher")
 
 
 def _compare(args) -> int:
-    from ..studies.minilm import VARIANTS, compare, table
+    from ..studies.minilm import VARIANTS, compare, parse_variant, table
 
     variants = VARIANTS
     if args.variants:
         variants = [tuple((v.split(":") + ["vanilla"])[:2]) for v in args.variants]
+        for v in variants:
+            parse_variant(*v)  # an unknown name: one line before anything runs
     runtime = setup_runtime(args)
     try:
         rows = compare(args.tasks, variants,
                        lambda base: build_config(args, {"encoder": args.encoder or "minilm",
-                                                        "seed": args.seed or 0, **base}),
-                       args.out, runtime, data_dir=args.data_dir)
+                                                        **base}),
+                       args.out, runtime, seeds=args.seeds, data_dir=args.data_dir,
+                       convert_cache=args.convert_cache)
     finally:
         runtime.close()
     if runtime.is_main:
         print(table(rows))
+        _report(args)
+    return 0
+
+
+def _report(args) -> int:
+    from ..reports.minilm import write_report
+
+    paths = write_report(Path(args.out))
+    print("-> " + ", ".join(str(p) for p in paths))
     return 0
 
 
@@ -76,9 +91,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     list_arg(cmp_, "--tasks", default=["sst2", "rotten_tomatoes"])
     list_arg(cmp_, "--variants", default=None, metavar="ATTENTION:KERNEL",
              help="default: " + " ".join(VARIANT_NAMES))
-    cmp_.add_argument("--seed", type=int, default=0)
+    list_arg(cmp_, "--seeds", type=int, default=[0],
+             help="seeds (each: fine-tuning, fresh draws and the conversion); default: 0")
     cmp_.add_argument("--out", default="runs/minilm")
     add_common_arguments(cmp_)
+    rep = sub.add_parser("report", help="OUT/results.jsonl -> report.md, report.json, plots")
+    rep.add_argument("--out", default="runs/minilm")
     tim = sub.add_parser("timing", help="encoder forward time versus sequence length")
     tim.add_argument("--encoder", default="minilm")
     list_arg(tim, "--attentions", default=["softmax", "favor", "porf_softplus"])
@@ -98,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         return run_train(args)
     if action == "compare":
         return _compare(args)
+    if action == "report":
+        return _report(args)
     if action == "timing":
         return _timing(args)
-    raise ValueError("choose an action: run, compare or timing")
+    raise ValueError("choose an action: run, compare, report or timing")

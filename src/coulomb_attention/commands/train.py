@@ -55,6 +55,9 @@ COMMON_FLAGS: dict[str, tuple[tuple[str, ...], type, str]] = {
     "align_steps": (("align", "steps"), int, "phase-A Langevin steps per layer"),
     "align_examples": (("align", "n_examples"), int, "phase-A cached training examples"),
     "lam": (("align", "lam"), float, "phase-A repulsion strength"),
+    "distill_method": (("distill", "method"), str, "how the teacher objective fits the "
+                       "particles: langevin (the method), hedgehog (Hedgehog's tied Adam "
+                       "baseline on its map), adam, weighted"),
 }
 
 
@@ -68,6 +71,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     for name, (_, typ, help_) in COMMON_FLAGS.items():
         parser.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
                             help=help_ if "default" in help_ else help_ + _default_text(name))
+    parser.add_argument("--convert-cache", default="runs/convert_cache", metavar="DIR",
+                        help="where phase A of a pretrained encoder with --objective teacher "
+                             "(the conversion of `coulomb-attention convert`) is cached per "
+                             "encoder, map, M and seed, shared by every task (default: "
+                             "runs/convert_cache)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's choice)")
     add_progress(parser)
@@ -82,6 +90,7 @@ DEFAULTS: dict[str, tuple[Any, Any]] = {
     "max_length": (64, 64), "vocab_size": (8000, 8000), "train_limit": (None, 2000),
     "eval_limit": (None, None), "embeddings": ("scratch", "scratch"),
     "align_steps": (100, 60), "align_examples": (4096, 512), "lam": (0.5, 0.5),
+    "distill_method": ("langevin", "langevin"),
 }
 
 
@@ -142,6 +151,24 @@ def setup_runtime(args) -> Runtime:
     return init_distributed(progress=progress_mode(args) != "none")
 
 
+def conversion_for(config: RunConfig, args: argparse.Namespace, runtime: Runtime):
+    """Phase A of a pretrained encoder with the teacher objective: the cached conversion
+    directory (rank 0 converts, the other processes then reuse it); else None."""
+    from ..train.run import converted_particles
+
+    if not (config.encoder != "scratch" and config.kernel == "learned"
+            and config.objective == "teacher") or converted_particles(config.encoder,
+                                                                       config.attention):
+        return None
+    from ..convert import cached_conversion, conversion_of_run
+
+    with runtime.main_process_first():
+        return cached_conversion(conversion_of_run(config), args.convert_cache,
+                                 data_dir=args.data_dir,
+                                 progress=runtime.progress and runtime.is_main,
+                                 log=print if runtime.is_main else (lambda *_: None))
+
+
 def run(args: argparse.Namespace) -> int:
     from ..train.run import SAMPLE_WARNING
     from ..train.run import run as run_pipeline
@@ -154,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                        f"s{config.seed}")
     try:
         metrics = run_pipeline(config, out, runtime, data_dir=args.data_dir,
-                               resume=args.resume)
+                               resume=args.resume, converted=conversion_for(config, args, runtime))
     finally:
         runtime.close()
     keys = ("accuracy", "mcc", "f1", "ece", "log_loss", "brier")

@@ -99,7 +99,8 @@ _IGNORED_SUFFIXES = ("position_ids",)
 
 
 def resolve_checkpoint_dir(name_or_path: str | os.PathLike) -> Path:
-    """Directory of a checkpoint: a :data:`PRETRAINED` name (or alias) or a local path.
+    """Directory of a checkpoint: a :data:`PRETRAINED` name (or alias) or a local path (the
+    output directory of ``coulomb-attention convert`` names its ``checkpoint/``).
 
     Raises
     ------
@@ -120,6 +121,8 @@ def resolve_checkpoint_dir(name_or_path: str | os.PathLike) -> Path:
             f"{str(name_or_path)!r} is neither a known encoder ({', '.join(sorted(PRETRAINED))})"
             " nor a checkpoint directory"
         )
+    if not (path / "config.json").is_file() and (path / "checkpoint" / "config.json").is_file():
+        return path / "checkpoint"  # the output directory of ``coulomb-attention convert``
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"checkpoint directory {str(path)!r} has no config.json")
     return path

@@ -165,6 +165,7 @@ PRETRAINED_PRESET: dict[str, Any] = {
     "warmup_epochs": 0,
     "probe_init": True,
     "freeze_word_embeddings": True,
+    "model": {"share_features": False},  # one omega per head, as the conversion
     "data": {"train_limit": 2000},
     "train": {"epochs": 1, "batch_size": 32, "lr": 1e-4, "weight_decay": 0.01,
               "warmup_fraction": 0.1, "schedule": "linear", "eval_batch_size": 128},
@@ -263,16 +264,29 @@ def _tokenizer(config: RunConfig, train_texts, out: Path, tokenizer_from=None):
     return build_tokenizer(train_texts, vocab_size=config.data.vocab_size, cache_path=own)
 
 
-def _build_model(config: RunConfig, tokenizer, num_labels: int):
-    """The model and the config with its data-dependent fields resolved."""
+def converted_particles(encoder: str, attention: str) -> bool:
+    """Whether pretrained ``encoder`` is a converted checkpoint whose saved particles are
+    ``attention``'s (a run on it starts from those particles: phase A is done)."""
+    if encoder == "scratch":
+        return False
+    from ..nn.bert import KERNEL_KEY
+    from ..nn.pretrained import read_bert_config, resolve_checkpoint_dir
+
+    saved = read_bert_config(resolve_checkpoint_dir(encoder)).get(KERNEL_KEY)
+    return saved is not None and saved.get("attention") == attention
+
+
+def _build_model(config: RunConfig, tokenizer, num_labels: int, source: Path | None = None):
+    """The model and the config with its data-dependent fields resolved; ``source`` (a
+    converted checkpoint) replaces a pretrained ``config.encoder`` as the weights."""
     gen = torch.Generator().manual_seed(int(config.seed))
     if config.encoder != "scratch":
         from ..nn.pretrained import load_pretrained_encoder
 
         model = load_pretrained_encoder(
-            config.encoder, config.attention, config.model.n_features, num_labels=num_labels,
-            share_features=config.model.share_features, dropout=config.model.dropout,
-            generator=gen)
+            source or config.encoder, config.attention, config.model.n_features,
+            num_labels=num_labels, share_features=config.model.share_features,
+            dropout=config.model.dropout, generator=gen)
         if model.config.vocab_size != tokenizer.vocab_size:
             raise ValueError(f"encoder {config.encoder!r}: {model.config.vocab_size} token "
                              f"embeddings for a vocabulary of {tokenizer.vocab_size}")
@@ -341,6 +355,48 @@ def _phase_a(model, config: RunConfig, train_set: EncodedDataset, a_dir: Path,
     return records, time_s
 
 
+def _conversion(config: RunConfig, converted: str | Path | None) -> dict[str, Any] | None:
+    """Phase A of a pretrained encoder with the teacher objective: the conversion directory
+    ``converted``, checked against ``config`` (map, ``M``, seed, distillation)."""
+    route = (config.encoder != "scratch" and config.kernel == "learned"
+             and config.objective == "teacher")
+    if config.kernel == "vanilla" and converted_particles(config.encoder, config.attention):
+        raise ValueError(f"{config.encoder} holds learned {config.attention} particles: use "
+                         "--kernel learned to fine-tune them, or the original encoder for "
+                         "fresh (vanilla) ones")
+    if converted is None:
+        if route and not converted_particles(config.encoder, config.attention):
+            raise ValueError("phase A of a pretrained encoder with the teacher objective is "
+                             "the conversion: pass its directory (converted=; the train and "
+                             "minilm commands make it, cached, with --convert-cache)")
+        return None
+    if not route:
+        raise ValueError("converted= is phase A of a pretrained encoder with --kernel learned "
+                         f"--objective teacher, not of encoder={config.encoder!r} kernel="
+                         f"{config.kernel!r} objective={config.objective!r}")
+    d = Path(converted)
+    if not (d / "result.json").is_file() or not (d / "checkpoint" / "config.json").is_file():
+        raise FileNotFoundError(f"{d} is not a finished conversion (no result.json or "
+                                "checkpoint/config.json)")
+    result = json.loads((d / "result.json").read_text(encoding="utf-8"))
+    c = result["config"]
+    method = "hedgehog" if c["variant"] == "hedgehog" else c["distill"]["method"]
+    want = {"feature_map": config.attention, "n_features": config.model.n_features,
+            "seed": config.seed, "method": config.distill.method}
+    have = {"feature_map": c["feature_map"], "n_features": c["n_features"], "seed": c["seed"],
+            "method": method}
+    if want != have:
+        diff = ", ".join(f"{k} {have[k]!r} (run: {want[k]!r})" for k in want
+                         if want[k] != have[k])
+        raise ValueError(f"conversion {d} does not match the run: {diff}")
+    records = []
+    if (d / "records.jsonl").is_file():
+        records = [json.loads(line) for line in
+                   (d / "records.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    return {"dir": str(d), "checkpoint": d / "checkpoint", "config": c, "records": records,
+            "time_s": float(result.get("distill_s", 0.0)), "refine": result.get("refine")}
+
+
 def copy_warmup(src_run: Path, dst_run: Path, config: RunConfig) -> None:
     """Copy the finished warm-up of run ``src_run`` (same :func:`warmup_config`) into
     ``dst_run``, only if both runs encode with the same tokenizer (a warm-up checkpoint is valid
@@ -404,6 +460,7 @@ def run(
     data_dir=None,
     resume: bool | str = False,
     warmup_from: str | Path | None = None,
+    converted: str | Path | None = None,
     log=print,
 ) -> dict[str, Any]:
     """Run every stage of one configuration and write ``OUT/metrics.json``.
@@ -421,6 +478,11 @@ def run(
         the log says which (``resuming OUT after ...`` / ``nothing to resume in OUT``).
     warmup_from : a run directory whose finished warm-up (same :func:`warmup_config`) is
         copied instead of recomputed
+    converted : phase A of a pretrained encoder with the teacher objective: the directory of
+        the conversion (``coulomb-attention convert``, or
+        :func:`coulomb_attention.convert.cached_conversion` of
+        :func:`~coulomb_attention.convert.conversion_of_run`), whose particles the run starts
+        from; required for that route (the conversion has one implementation)
     log : one-line progress messages (rank 0 only)
 
     Returns
@@ -469,7 +531,9 @@ def run(
             adv = load_task(config.task, "advglue", data_dir)
     with runtime.main_process_first():  # rank 0 writes the tokenizer cache, the others then read it
         tokenizer = _tokenizer(config, train.texts, out, warmup_from)
-    model, config = _build_model(config, tokenizer, spec.num_labels)
+    conversion = _conversion(config, converted)
+    model, config = _build_model(config, tokenizer, spec.num_labels,
+                                 conversion["checkpoint"] if conversion else None)
     max_len = config.data.max_length
     train_set, ev_set = _encode(tokenizer, train, max_len), _encode(tokenizer, ev, max_len)
     adv_set = _encode(tokenizer, adv, max_len) if adv is not None else None
@@ -495,7 +559,12 @@ def run(
         timings["warmup_s"] = res.train_time_s
         history["warmup"] = res.history
     alignment: list[dict] = []
-    if config.kernel == "learned":
+    if conversion is not None:  # phase A was the conversion (its own directory and time)
+        alignment, timings["phase_a_s"] = conversion["records"], conversion["time_s"]
+        log(f"[{name}] phase A: the conversion {conversion['dir']}")
+    elif config.kernel == "learned" and converted_particles(config.encoder, config.attention):
+        log(f"[{name}] phase A: the particles of the converted encoder {config.encoder}")
+    elif config.kernel == "learned":
         alignment, timings["phase_a_s"] = _phase_a(model, config, train_set,
                                                    ckpt_root / "aligned", runtime)
     finetune_dir = ckpt_root / "finetune"
@@ -534,6 +603,8 @@ def run(
         "attention": config.attention,
         "kernel": config.kernel,
         "seed": config.seed,
+        "conversion": None if conversion is None else {
+            k: conversion[k] for k in ("dir", "config", "time_s", "refine")},
         "eval_split": ev.split,
         "eval_source": ev.source,
         "eval_description": getattr(ev, "description", ""),
