@@ -156,7 +156,9 @@ def compare(tasks: Sequence[str], variants: Sequence[tuple[str, str]],
 def _write_rows(out: Path, rows: list[dict]) -> None:
     """``results.jsonl`` (every row so far, keeping rows of earlier invocations that this one
     did not run) and ``table.md``."""
-    key = (lambda r: (r["task"], r["variant"], r.get("seed", 0)))
+    def key(r):
+        return r["task"], r["variant"], r.get("seed", 0)
+
     mine = {key(r) for r in rows}
     earlier = []
     path = out / "results.jsonl"
