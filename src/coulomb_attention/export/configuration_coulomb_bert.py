@@ -4,8 +4,8 @@ Self-contained remote code for ``transformers`` (``trust_remote_code=True``): it
 ``transformers``. The BERT fields keep their ``BertConfig`` meaning; three fields describe the
 attention kernel:
 
-    feature_map     favor | porf_softplus | softmax_feat
-    n_features      particles M per head group
+    feature_map     favor | porf_softplus | softmax_feat | hedgehog | elu
+    n_features      particles M per head group (hedgehog: even; elu: 0, no particles)
     share_features  one particle set per layer (True) or one per head (False)
 """
 
@@ -16,7 +16,7 @@ try:  # transformers >= 5 spells it PreTrainedConfig; 4.x only PretrainedConfig
 except ImportError:  # pragma: no cover - older transformers
     from transformers import PretrainedConfig as _BaseConfig
 
-FEATURE_MAPS = ("favor", "porf_softplus", "softmax_feat")
+FEATURE_MAPS = ("favor", "porf_softplus", "softmax_feat", "hedgehog", "elu")
 
 
 class CoulombBertConfig(_BaseConfig):
@@ -45,6 +45,9 @@ class CoulombBertConfig(_BaseConfig):
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"feature_map must be one of {', '.join(FEATURE_MAPS)}, got "
                              f"{feature_map!r}")
+        if feature_map == "hedgehog" and int(n_features) % 2:
+            raise ValueError(f"feature_map 'hedgehog' needs an even n_features, got "
+                             f"{n_features}")
         if hidden_act != "gelu":
             raise ValueError(f"hidden_act must be 'gelu' (exact), got {hidden_act!r}")
         if hidden_size % num_attention_heads:

@@ -39,8 +39,10 @@ __all__ = [
     "model_card",
 ]
 
-#: Feature maps the remote code implements (the maps with particles).
-EXPORTABLE_MAPS = ("favor", "porf_softplus", "softmax_feat")
+#: Feature maps the remote code implements: every attention map of the registry
+#: (:data:`coulomb_attention.features.MAPS`); exact ``softmax`` (the original model, export that
+#: instead) and ``none`` (a control) are refused.
+EXPORTABLE_MAPS = ("favor", "porf_softplus", "softmax_feat", "hedgehog", "elu")
 #: Remote-code files copied into every export (from this package's folder).
 REMOTE_CODE = ("configuration_coulomb_bert.py", "modeling_coulomb_bert.py")
 _AUTO_MAP = {"AutoConfig": "configuration_coulomb_bert.CoulombBertConfig",
@@ -85,15 +87,23 @@ def _hf_config(model) -> dict[str, Any]:
         raise ValueError(f"layers {weighted} have weighted particles (masses): the remote code "
                          "does not implement them, so the export would silently drop them; "
                          "export an unweighted checkpoint")
-    if cfg.attention not in EXPORTABLE_MAPS:
-        raise ValueError(f"attention {cfg.attention!r} cannot be exported (the remote code "
-                         f"implements {', '.join(EXPORTABLE_MAPS)})")
+    # the map the layers compute with (a layer switched to another map, e.g. Hedgehog's by
+    # nn.attention.use_hedgehog_map_, counts, not the model's configured attention)
+    maps = sorted({layer.feature_map for layer in model.attention_layers})
+    if len(maps) != 1:
+        raise ValueError(f"the layers use different feature maps ({', '.join(maps)}); the "
+                         "remote code takes one map for all layers")
+    fmap = maps[0]
+    if fmap not in EXPORTABLE_MAPS:
+        raise ValueError(f"attention {fmap!r} cannot be exported (the remote code implements "
+                         f"{', '.join(EXPORTABLE_MAPS)})")
+    n_features = int(model.attention_layers[0].n_features)  # 0 for elu (no particles)
     out = {k: v for k, v in model.bert_config.items()
            if k not in ("auto_map", "architectures", "_name_or_path", "transformers_version",
                         KERNEL_KEY)}
     out.update({"model_type": "coulomb_bert", "architectures": ["CoulombBertModel"],
-                "auto_map": dict(_AUTO_MAP), "feature_map": cfg.attention,
-                "n_features": int(cfg.n_features), "share_features": bool(cfg.share_features)})
+                "auto_map": dict(_AUTO_MAP), "feature_map": fmap,
+                "n_features": n_features, "share_features": bool(cfg.share_features)})
     return out
 
 

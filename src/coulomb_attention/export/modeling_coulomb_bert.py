@@ -14,6 +14,8 @@ Per layer and head, with queries and keys scaled by ``head_dim ** -0.25``::
                    are normalised over m (a softmax over the M logits); both cancel
     porf_softplus  phi(u) = softplus(u . w_m) / sqrt(M)
     softmax_feat   phi(u) = softmax_m(u . w_m)
+    hedgehog       phi(u) = [softmax_m(u . a_m), softmax_m(u . b_m)], omega = [A; B]
+    elu            phi(u) = elu(u) + 1 (no particles: omega has 0 rows)
 
 computed in float32 (float64 stays float64), in the linear order: O(L M head_dim) per head.
 Factors that cancel in the ratio exactly (``1/sqrt(M)``; for FAVOR+ queries ``exp(-|q|^2/2)``,
@@ -71,8 +73,11 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
     (H, B, L, M) tensors are updated in place (no fresh allocation per step).
     """
     inplace = not (torch.is_grad_enabled() and (u.requires_grad or omega.requires_grad))
-    z = feature_logits(u, omega * scale)  # (H, B, L, M): (scale u) . w
     pad = None if key_mask is None or is_query else ~key_mask[None, :, :, None]
+    if feature_map == "elu":  # elu(scale u) + 1: (H, B, L, d), no particles
+        phi = F.elu(u * scale) + 1.0
+        return phi if pad is None else phi.masked_fill(pad, 0.0)
+    z = feature_logits(u, omega * scale)  # (H, B, L, M): (scale u) . w
     if feature_map == "favor":
         if is_query:  # exp(z - row max) / row sum in one fused pass: per-row factors cancel
             return torch.softmax(z, -1)
@@ -90,6 +95,9 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
         phi = F.softplus(z)
     elif feature_map == "softmax_feat":
         phi = torch.softmax(z, dim=-1)
+    elif feature_map == "hedgehog":
+        half = z.shape[-1] // 2
+        phi = torch.cat([torch.softmax(z[..., :half], -1), torch.softmax(z[..., half:], -1)], -1)
     else:
         raise ValueError(f"unknown feature_map {feature_map!r}")
     if pad is not None:

@@ -22,9 +22,8 @@ features explicitly.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,51 +37,15 @@ __all__ = ["ATTENTION_FEATURES", "HEDGEHOG", "AttentionFeature", "KernelAttentio
            "trainable_omega", "use_hedgehog_map_"]
 
 
-def _elu_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-    """``elu(u) + 1`` (Katharopoulos et al. 2020), in float32; ``omega`` is unused (0 rows)."""
-    return F.elu(features.maps._upcast(u)) + 1.0
+#: One entry of :data:`ATTENTION_FEATURES`: the feature-map registry's entry
+#: (:class:`coulomb_attention.features.FeatureMap`).
+AttentionFeature = features.FeatureMap
 
-
-@dataclass(frozen=True)
-class AttentionFeature:
-    """One entry of :data:`ATTENTION_FEATURES`.
-
-    Attributes
-    ----------
-    name : str
-    phi : callable or None
-        ``phi(u (..., d), omega (M, d)) -> (..., M)``: the unshifted feature map (a core map
-        from :mod:`coulomb_attention.features`), ``None`` for exact softmax.
-    sampler : str or None
-        Default sampler of omega (:data:`coulomb_attention.features.SAMPLERS`), ``None`` when
-        the map has no particles.
-    description : str
-    """
-
-    name: str
-    phi: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
-    sampler: str | None
-    description: str
-
-    @property
-    def has_features(self) -> bool:
-        return self.sampler is not None
-
-
+#: The attention kernels: every map of :data:`coulomb_attention.features.MAPS` usable in
+#: attention (``favor``, ``porf_softplus``, ``softmax_feat``, ``hedgehog``, ``elu``) under its
+#: registry name, and the two kinds that are not feature maps (exact ``softmax``, ``none``).
 ATTENTION_FEATURES: dict[str, AttentionFeature] = {
-    "favor": AttentionFeature(
-        "favor", features.positive, "orthogonal",
-        "FAVOR+ positive features exp(w.x - |x|^2/2), approximates softmax attention",
-    ),
-    "porf_softplus": AttentionFeature(
-        "porf_softplus", features.softplus, "orthogonal",
-        "orthogonal projections + softplus",
-    ),
-    "softmax_feat": AttentionFeature(
-        "softmax_feat", features.softmax, "orthogonal",
-        "softmax over the features of w.x (use with tie_qk=True for a PSD kernel)",
-    ),
-    "elu": AttentionFeature("elu", _elu_features, None, "elu(x) + 1, no random features"),
+    **features.attention_maps(),
     "softmax": AttentionFeature("softmax", None, None, "exact softmax attention (quadratic)"),
     "none": AttentionFeature(
         "none", None, None,
@@ -106,6 +69,7 @@ class KernelAttention(nn.Module):
     heads : int
     feature_map : str
         One of :data:`ATTENTION_FEATURES`: ``favor``, ``porf_softplus``, ``softmax_feat``,
+        ``hedgehog`` (Hedgehog's map; ``n_features`` even, a fresh draw tied ``[W; -W]``),
         ``elu``, ``softmax``, ``none`` (no token mixing: ``out_t = out_proj(v_proj(x_t))``).
     n_features : int
         Number of particles ``M`` per head (ignored, but still validated, for ``elu``,
@@ -165,6 +129,9 @@ class KernelAttention(nn.Module):
         self.spec = ATTENTION_FEATURES[check_choice("feature_map", feature_map,
                                                     ATTENTION_FEATURES)]
         n_features = check_positive("n_features", n_features, integer=True)
+        if self.spec.even and n_features % 2:
+            raise ValueError(f"feature_map {feature_map!r} needs an even n_features, got "
+                             f"{n_features}")
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not (
             0.0 <= dropout < 1.0
         ):
@@ -296,8 +263,28 @@ class KernelAttention(nn.Module):
         sampler = features.get_sampler(self.sampler)
         draws = [sampler(self.n_features, self.head_dim, generator=generator)
                  for _ in range(self.omega.shape[0])]
-        self.omega.copy_(torch.stack(draws).to(self.omega))
+        omega = torch.stack(draws)  # (G, M, dh)
+        if self.spec.tied:  # Hedgehog: [W; -W] from the first half of the draw
+            w = omega[:, :self.n_features // 2]
+            omega = torch.cat([w, -w], 1)
+        self.omega.copy_(omega.to(self.omega))
         self.mass = None
+        return self
+
+    @torch.no_grad()
+    def set_feature_map_(self, name: str) -> KernelAttention:
+        """Compute with another map of :data:`ATTENTION_FEATURES` that has particles, on the
+        same omega (its shape must suit the map: ``hedgehog`` needs an even M). Used to
+        restore a layer of a checkpoint converted on another map than the model's
+        (``layer_maps``) and by :func:`use_hedgehog_map_`. Returns ``self``."""
+        spec = ATTENTION_FEATURES[check_choice("feature_map", name, ATTENTION_FEATURES)]
+        if not (self.has_features and spec.has_features):
+            raise ValueError(f"cannot switch feature_map {self.feature_map!r} to {name!r}: "
+                             "both must have particles")
+        if spec.even and self.n_features % 2:
+            raise ValueError(f"feature_map {name!r} needs an even n_features, got "
+                             f"{self.n_features}")
+        self.spec, self.feature_map = spec, name
         return self
 
     # ------------------------------------------------------------------ pieces
@@ -345,7 +332,7 @@ class KernelAttention(nn.Module):
         """Unshifted features of (B, H, L, dh) with this layer's omega (scaled by
         ``sqrt(M mass)`` when weighted): (B, H, L, M)."""
         om = self.omega
-        if om.shape[0] == 1 or self.feature_map == "elu":
+        if om.shape[0] == 1 or not self.has_features:  # elu: no particles
             phi = self.feature(u, om[0])
         else:  # one omega per head: the map vectorised over the head dimension (no loop)
             phi = torch.vmap(self.feature, in_dims=(1, 0), out_dims=1)(u, om)
@@ -452,8 +439,8 @@ def _sdpa(q, k, v, mask, causal=False):
 # ---------------------------------------------------------------------------- hedgehog
 
 
-HEDGEHOG = AttentionFeature("hedgehog", features.hedgehog_features, "orthogonal",
-                            "learned map inside the exponential (Hedgehog baseline)")
+#: Hedgehog's map, the registry's entry (kept under its earlier name).
+HEDGEHOG = ATTENTION_FEATURES["hedgehog"]
 
 
 @contextmanager
@@ -481,16 +468,14 @@ def trainable_omega(module: nn.Module) -> Iterator[list[KernelAttention]]:
 
 
 def use_hedgehog_map_(layer) -> None:
-    """Switch a :class:`KernelAttention` with particles to the Hedgehog map (omega ``[W; -W]``
-    from the first half of its current omega). The layer then computes linear attention with
-    :func:`~coulomb_attention.features.maps.hedgehog_features` (a baseline outside
-    :data:`ATTENTION_FEATURES`; ``save_pretrained_encoder`` names it in the checkpoint and
-    ``load_pretrained_encoder`` switches back to it)."""
+    """Switch a :class:`KernelAttention` with particles to the registry's ``hedgehog`` map,
+    omega ``[W; -W]`` from the first half of its current omega (the tied start of the Hedgehog
+    baseline; on a fresh draw it equals ``KernelAttention(..., "hedgehog")`` of the same
+    generator). Masses are dropped."""
     if not layer.has_features or layer.n_features % 2:
         raise ValueError("the hedgehog baseline needs a layer with an even number of particles")
     half = layer.n_features // 2
     w = layer.omega[:, :half]
-    layer.spec = HEDGEHOG
-    layer.feature_map = "hedgehog"
+    layer.set_feature_map_("hedgehog")
     layer.load_features_(torch.cat([w, -w], 1))
     layer.load_masses_(None)
