@@ -282,3 +282,45 @@ def test_grid_reports_every_run_of_the_base_config_and_refuses_another(tiny_dir,
     other = [*base[:steps], "3", *base[steps + 1:]]
     assert main([*other, "--grid", "4"]) == 2
     assert "holds a conversion of another configuration" in capsys.readouterr().err
+
+
+def test_convert_feature_map_hedgehog_moves_untied_particles(tiny_dir, tmp_path, capsys):
+    """`convert --feature-map hedgehog`: the particles (Langevin, the conversion's defaults)
+    move every row of Hedgehog's map, started tied; the checkpoint computes that map;
+    `--variant hedgehog` stays the tied Adam baseline; odd M is one line and exit 2."""
+    from coulomb_attention.cli import main
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    base = dict(encoder=str(tiny_dir), n_features=8, sentences_file=str(sent), max_length=16,
+                distill=_cfg(steps=6, refine_steps=3, refine_examples=9), eval_sentences=8,
+                probe_tasks=())
+    start = _student(tiny_dir, feature="hedgehog")
+    fresh = _student(tiny_dir)
+    for a, b in zip(start.attention_layers, fresh.attention_layers, strict=True):
+        w = b.omega[:, :4]  # the tied start: the FAVOR+ draw's first half, [W; -W]
+        assert torch.equal(a.omega, torch.cat([w, -w], 1))
+    res = convert_encoder(ConvertConfig(**base, feature_map="hedgehog"), tmp_path / "pp",
+                          log=lambda *_: None)
+    model = load_pretrained_encoder(tmp_path / "pp" / "checkpoint")
+    assert res["refine"]["method"] == "langevin"
+    for a, b in zip(model.attention_layers, start.attention_layers, strict=True):
+        assert a.feature_map == "hedgehog"
+        assert not torch.allclose(a.omega[:, 4:], -a.omega[:, :4])  # untied
+        assert not torch.allclose(a.omega, b.omega)
+    ref = convert_encoder(ConvertConfig(**base, feature_map="hedgehog"), tmp_path / "pp2",
+                          log=lambda *_: None)
+    assert ref["fidelity"] == res["fidelity"]  # deterministic in the seed
+    res_hh = convert_encoder(ConvertConfig(**base, variant="hedgehog"), tmp_path / "hh",
+                             log=lambda *_: None)
+    assert res_hh["refine"]["method"] == "hedgehog"
+    for layer in load_pretrained_encoder(tmp_path / "hh" / "checkpoint").attention_layers:
+        assert layer.feature_map == "hedgehog"
+        assert torch.equal(layer.omega[:, 4:], -layer.omega[:, :4])  # tied
+    with pytest.raises(ValueError, match="even"):
+        ConvertConfig(feature_map="hedgehog", n_features=7)
+    capsys.readouterr()
+    rc = main(["convert", "--encoder", str(tiny_dir), "--feature-map", "hedgehog",
+               "--n-features", "7", "--out", str(tmp_path / "bad"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "even" in err and "\n" not in err, err

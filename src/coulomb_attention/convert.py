@@ -67,7 +67,11 @@ class ConvertConfig:
     Attributes
     ----------
     encoder : str             ``minilm`` or a BERT checkpoint directory
-    feature_map : str         ``favor``, ``softmax_feat``, ``porf_softplus`` (maps with particles)
+    feature_map : str         the map the particles move in: ``favor``, ``softmax_feat``,
+                              ``porf_softplus`` or ``hedgehog`` (Hedgehog's map
+                              ``[softmax(A x), softmax(B x)]``: started tied, ``B = -A``, every
+                              row of omega then a particle, untied); the maps with particles
+                              of :data:`coulomb_attention.features.MAPS`
     n_features : int          particles per head
     seed : int                particles, sentence draws, Langevin noise
     variant : str             ``particles`` (distilled, the method), ``vanilla`` (fresh fixed
@@ -127,6 +131,9 @@ class ConvertConfig:
                                  f"{self.variant!r}")
         if self.variant == "hedgehog" and self.n_features % 2:
             raise ValueError(f"n_features must be even for the hedgehog baseline, got "
+                             f"{self.n_features}")
+        if self.feature_map == "hedgehog" and self.n_features % 2:
+            raise ValueError(f"n_features must be even for feature_map 'hedgehog', got "
                              f"{self.n_features}")
 
 

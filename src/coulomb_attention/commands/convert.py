@@ -54,10 +54,14 @@ LORA_FLAGS = {"lora_steps": "steps", "lora_lr": "lr", "lora_objective": "objecti
 def add_arguments(p: argparse.ArgumentParser) -> None:
     c, d, f = (f"(default: {n}Config's)" for n in ("Convert", "Distill", "Finish"))
     p.add_argument("--encoder", help=f"minilm or a BERT checkpoint directory {c}")
-    p.add_argument("--feature-map", help=f"favor, softmax_feat or porf_softplus {c}")
+    p.add_argument("--feature-map",
+                   help="the map the particles move in: favor, softmax_feat, porf_softplus or "
+                        f"hedgehog (Hedgehog's map, its rows untied particles) {c}")
     p.add_argument("--n-features", type=int, help=f"particles per head {c}")
     p.add_argument("--seed", type=int, help=c)
-    p.add_argument("--variant", choices=VARIANTS, help=c)
+    p.add_argument("--variant", choices=VARIANTS,
+                   help=f"particles (the method), vanilla (fixed features), hedgehog (the tied "
+                        f"Adam baseline on Hedgehog's map), softmax (the teacher) {c}")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", required=True)
     p.add_argument("--sentences", default=None,
