@@ -21,6 +21,7 @@ features explicitly.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -159,6 +160,8 @@ class KernelAttention(nn.Module):
         groups = 1 if self.share_features else heads
         self.register_buffer("omega", torch.zeros(groups, self.n_features, self.head_dim))
         self.register_buffer("mass", None)  # (G, M) masses of weighted particles, or None
+        self.window, self.window_linear = 0, True  # the sliding-window hybrid: set_window_
+        self.register_buffer("window_logit", None)  # (H,) logit of the window weight, or None
         if self.has_features:
             self.redraw_(generator)
 
@@ -236,6 +239,7 @@ class KernelAttention(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
+        self._load_window(state_dict, prefix)
         key = prefix + "mass"
         if key in state_dict:  # a weighted checkpoint: validate, then let torch copy it
             mass = state_dict[key]
@@ -286,6 +290,73 @@ class KernelAttention(nn.Module):
                              f"{self.n_features}")
         self.spec, self.feature_map = spec, name
         return self
+
+    #: Initial logit of the window weight: ``sigmoid(-2.2) = 0.1`` (LoLCATs).
+    WINDOW_LOGIT_INIT = -2.2
+
+    @torch.no_grad()
+    def set_window_(self, window: int | None, linear: bool = True) -> KernelAttention:
+        """Make the layer the sliding-window hybrid (:mod:`.ops.window`, LoLCATs eq. 7):
+        softmax over the ``window`` nearest keys (encoder: ``window/2`` on each side, even;
+        causal: the ``window`` most recent) plus this layer's linear term over the rest, one
+        shared denominator, the window weighted per head by ``sigmoid(window_logit)`` (a
+        buffer (H,), started at :data:`WINDOW_LOGIT_INIT`; a layer that already has a window
+        keeps its logits). ``linear=False``: the window alone (the ablation of the linear
+        branch). ``None`` removes the window (the plain layer). Returns ``self``."""
+        if window is None:
+            self.window, self.window_linear, self.window_logit = 0, True, None
+            return self
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise ValueError(f"window must be an integer > 0, got {window!r}")
+        if window <= 0:
+            raise ValueError(f"window must be > 0, got {window}")
+        if not self.causal and window % 2:
+            raise ValueError(f"window must be even for an encoder (window/2 tokens on each "
+                             f"side), got {window}")
+        if self.feature_map in ("softmax", "none"):
+            raise ValueError(f"attention {self.feature_map!r} has no linear term for a window")
+        if linear and self.mass is not None:
+            raise ValueError("the window hybrid takes unweighted particles (no masses)")
+        self.window, self.window_linear = window, bool(linear)
+        if self.window_logit is None:
+            self.window_logit = torch.full((self.heads,), self.WINDOW_LOGIT_INIT,
+                                           dtype=self.omega.dtype, device=self.omega.device)
+        return self
+
+    def _load_window(self, state_dict, prefix) -> None:
+        key = prefix + "window_logit"
+        if key in state_dict and self.window_logit is None:
+            raise ValueError(f"the checkpoint has {key} but the layer has no window "
+                             "(set_window_ first)")
+        if key not in state_dict and self.window_logit is not None:
+            state_dict[key] = self.window_logit  # a layer given a window keeps its start
+
+    def _attend_window(self, q, k, v, mask):
+        """The hybrid of :mod:`.ops.window` with this layer's features (FAVOR+: shifted, with
+        their log offsets, so that they stay finite)."""
+        gamma = torch.sigmoid(self.window_logit)
+        pq = pk = lq = lk = None
+        if self.window_linear and self.feature_map == "favor":
+            dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+            q, k, om = q.to(dt), k.to(dt), self.omega.to(dt)
+
+            def logf(u):
+                if om.shape[0] == 1:
+                    return features.log_positive(u, om[0])
+                return torch.vmap(features.log_positive, in_dims=(1, 0), out_dims=1)(u, om)
+
+            half_log_m = 0.5 * math.log(self.n_features)  # the 1/sqrt(M) of each feature
+            a, b = logf(q) - half_log_m, logf(k) - half_log_m  # (B, H, L, M) log features
+            lq = a.amax(-1, keepdim=True).detach()
+            bm = b if mask is None else b.masked_fill(~mask[:, None, :, None], float("-inf"))
+            lk = bm.amax((-2, -1), keepdim=True).detach()
+            lk = torch.where(torch.isfinite(lk), lk, torch.zeros_like(lk))
+            pq, pk = torch.exp(a - lq), torch.exp(b - lk)
+        elif self.window_linear:
+            pq, pk = self._phi(q), self._phi(k)
+        return AF.window_attention(q, k, v, pq, pk, gamma, self.window, mask,
+                                   causal=self.causal, log_q=lq, log_k=lk,
+                                   linear=self.window_linear)
 
     # ------------------------------------------------------------------ pieces
 
@@ -395,6 +466,9 @@ class KernelAttention(nn.Module):
     ) -> torch.Tensor:
         """Attention of already projected heads: q, k ``(B, H, T|S, dh)`` (scaled as by
         :meth:`queries`), v ``(B, H, S, dh)`` -> ``(B, H, T, dh)``."""
+        if self.window:  # the sliding-window hybrid (set_window_)
+            with torch.autocast(device_type=q.device.type, enabled=False):
+                return self._attend_window(q, k, v, mask)
         name = self.feature_map
         if name == "none":  # the no-mixing control: each position's output is its own value
             return v
@@ -418,7 +492,9 @@ class KernelAttention(nn.Module):
                 f"n_features={self.n_features}, tie_qk={self.tie_qk}, "
                 f"share_features={self.share_features}"
                 + (", causal=True" if self.causal else "")
-                + (", weighted=True" if self.mass is not None else ""))
+                + (", weighted=True" if self.mass is not None else "")
+                + (f", window={self.window}" if self.window else "")
+                + ("" if self.window_linear else ", window_linear=False"))
 
 
 def _sdpa(q, k, v, mask, causal=False):
