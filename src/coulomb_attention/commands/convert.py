@@ -38,7 +38,7 @@ CONVERT_FLAGS = {"encoder": "encoder", "feature_map": "feature_map", "n_features
                  "seed": "seed", "variant": "variant", "tasks": "tasks",
                  "max_length": "max_length", "eval_sentences": "eval_sentences",
                  "probe_tasks": "probe_tasks", "probe_train": "probe_train",
-                 "probe_eval": "probe_eval"}
+                 "probe_eval": "probe_eval", "window": "window"}
 #: flag (dest) -> DistillConfig field
 DISTILL_FLAGS = {"n_sentences": "n_examples", "holdout": "holdout", "steps": "steps",
                  "batch_size": "batch_size", "rows": "rows_per_sequence", "eta": "eta",
@@ -112,6 +112,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-targets", nargs="+", choices=LORA_TARGETS, help=f)
     p.add_argument("--lora-with-particles", action="store_true",
                    help="move the particles with the adapters (no separate refinement)")
+    p.add_argument("--window", type=int,
+                   help="sliding-window hybrid (LoLCATs eq. 7): softmax over the W/2 tokens on "
+                        "each side plus the particles' linear term over the rest, the window "
+                        "weight per head learned; W even, > 0, at most the model's positions "
+                        f"(OUT/hf carries it) {c}")
+    p.add_argument("--window-alone", action="store_true",
+                   help="with --window: the window softmax alone, no linear term (the "
+                        "ablation of the linear branch)")
     p.add_argument("--threads", type=int, default=1)
     add_progress(p)
     p.add_argument("--no-hf", action="store_true",
@@ -147,6 +155,11 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
     conv = {field: getattr(c, field) if getattr(args, flag) is None else getattr(args, flag)
             for flag, field in CONVERT_FLAGS.items()}
     conv["tasks"], conv["probe_tasks"] = tuple(conv["tasks"]), tuple(conv["probe_tasks"])
+    if args.window is not None and args.window <= 0:
+        raise ValueError(f"--window must be > 0, got {args.window}")
+    if args.window_alone and args.window is None:
+        raise ValueError("--window-alone needs --window W")
+    conv["window_linear"] = not args.window_alone
     distill = DistillConfig(**dist, refine_eta_end=dist["refine_eta"] / 10)
     return ConvertConfig(**conv, distill=distill, sentences_file=args.sentences,
                          finish=finish_from_args(args))

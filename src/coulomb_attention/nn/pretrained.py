@@ -39,6 +39,7 @@ from .bert import (
     MASS_KEY,
     OMEGA_KEY,
     PRETRAINED,
+    WINDOW_KEY,
     PretrainedSpec,
     bert_key_map,
     convert_bert_state_dict,
@@ -144,6 +145,8 @@ def load_pretrained_encoder(
     dropout: float | None = None,
     pooling: str = "mean",
     generator: torch.Generator | int | None = None,
+    window: int | None = None,
+    window_linear: bool | None = None,
 ) -> PretrainedClassifier:
     """Load a BERT-style checkpoint into a classifier whose attention is ``attention``.
 
@@ -170,6 +173,13 @@ def load_pretrained_encoder(
         ``"mean"`` (masked, as sentence-transformers) or ``"cls"``.
     generator : torch.Generator or int, optional
         Draws the head and fresh particles (``None``: torch's global generator).
+    window : int, optional
+        Make every layer with a linear term the sliding-window hybrid with this ``W``
+        (``KernelAttention.set_window_``; the window weights start at 0.1). Default: the
+        converted checkpoint's window (with its learned weights), else none. ``W`` must be at
+        most the position table's size.
+    window_linear : bool, optional
+        ``False``: the window alone (no linear term); default the checkpoint's, else True.
 
     Returns
     -------
@@ -234,7 +244,26 @@ def load_pretrained_encoder(
                 except (ValueError, TypeError) as exc:
                     raise ValueError(f"{directory}: particle masses {MASS_KEY.format(i)}: "
                                      f"{exc}") from exc
-    model.unused_keys = unused
+    saved = bert.get(KERNEL_KEY) or {}
+    if not use_saved:
+        saved = {}
+    w = window if window is not None else saved.get("window")
+    if w:
+        if isinstance(w, bool) or not isinstance(w, int) or w > config.max_len:
+            raise ValueError(f"window must be an integer in [1, {config.max_len}] (the "
+                             f"model's positions), got {w!r}")
+        linear = (window_linear if window_linear is not None
+                  else bool(saved.get("window_linear", True)))
+        for i, layer in enumerate(model.attention_layers):
+            if layer.feature_map in ("softmax", "none"):
+                continue
+            layer.set_window_(w, linear=linear)
+            for prefix in ("", "bert."):
+                key = prefix + WINDOW_KEY.format(i)
+                if key in state and w == saved.get("window"):
+                    with torch.no_grad():
+                        layer.window_logit.copy_(state[key].to(layer.window_logit))
+    model.unused_keys = [k for k in unused if "window_logit" not in k]
     model.bert_config = {k: v for k, v in bert.items() if k != KERNEL_KEY}
     return model.eval()
 
@@ -257,6 +286,13 @@ def save_pretrained_encoder(model: PretrainedClassifier, directory: str | os.Pat
     attention = used.pop() if len(used) == 1 else cfg.attention
     kernel = {"attention": attention, "n_features": cfg.n_features,
               "share_features": cfg.share_features, **(extra or {})}
+    windows = {(layer.window, layer.window_linear) for layer in model.attention_layers
+               if layer.window}
+    if len(windows) > 1:
+        raise ValueError(f"the layers have different windows {sorted(windows)}; a checkpoint "
+                         "takes one")
+    if windows:
+        kernel["window"], kernel["window_linear"] = windows.pop()
     layer_maps = {str(i): layer.feature_map for i, layer in enumerate(model.attention_layers)
                   if layer.has_features and layer.feature_map != attention}
     if layer_maps:
