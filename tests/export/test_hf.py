@@ -500,3 +500,30 @@ def test_weighted_checkpoints_round_trip_and_the_export_refuses_them(hf_bert, tm
 def _ours_model(model, texts=TEXTS) -> torch.Tensor:
     tok = load_pretrained_tokenizer(model.source)
     return embed(model, tok, texts, max_length=40, batch_size=2)
+
+
+@pytest.mark.parametrize("feature_map,linear", [("favor", True), ("hedgehog", True),
+                                                ("porf_softplus", True), ("favor", False)])
+def test_window_hybrid_exports_exactly(hf_bert, tmp_path, feature_map, linear):
+    """A sliding-window hybrid checkpoint (learned-looking window weights, per-head particles)
+    exports with its window: AutoModel and SentenceTransformer embed as the project, padded
+    batches included; the card says which row it is."""
+    from coulomb_attention.nn.pretrained import save_pretrained_encoder
+
+    model = load_pretrained_encoder(hf_bert, feature_map, 6, share_features=False,
+                                    generator=1, window=4, window_linear=linear)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for layer in model.attention_layers:
+            layer.window_logit.copy_(torch.randn(layer.heads, generator=g))
+    ckpt = save_pretrained_encoder(model, tmp_path / "ckpt")
+    out = export_hf_directory(ckpt, tmp_path / "hf")
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["window"], cfg["window_linear"]) == (4, linear)
+    ours = _ours(ckpt)
+    assert float((_automodel(out) - ours).abs().max()) < 1e-5
+    assert float((_st(out) - ours).abs().max()) < 1e-5
+    plain = load_pretrained_encoder(hf_bert, feature_map, 6, share_features=False, generator=1)
+    far = embed(plain, load_pretrained_tokenizer(ckpt), TEXTS, max_length=40)
+    assert float((far - ours).abs().max()) > 1e-4  # the window matters (10x the tolerance)
+    assert "sliding-window hybrid" in (out / "README.md").read_text()

@@ -98,12 +98,18 @@ def _hf_config(model) -> dict[str, Any]:
         raise ValueError(f"attention {fmap!r} cannot be exported (the remote code implements "
                          f"{', '.join(EXPORTABLE_MAPS)})")
     n_features = int(model.attention_layers[0].n_features)  # 0 for elu (no particles)
+    windows = {(layer.window, layer.window_linear) for layer in model.attention_layers}
+    if len(windows) != 1:
+        raise ValueError("the layers have different windows; the remote code takes one")
+    window, window_linear = windows.pop()
     out = {k: v for k, v in model.bert_config.items()
            if k not in ("auto_map", "architectures", "_name_or_path", "transformers_version",
                         KERNEL_KEY)}
     out.update({"model_type": "coulomb_bert", "architectures": ["CoulombBertModel"],
                 "auto_map": dict(_AUTO_MAP), "feature_map": fmap,
                 "n_features": n_features, "share_features": bool(cfg.share_features)})
+    if window:  # the sliding-window hybrid (absent: pure linear, as before)
+        out.update({"window": int(window), "window_linear": bool(window_linear)})
     return out
 
 
@@ -274,6 +280,13 @@ def model_card(hf_cfg: dict[str, Any], *, result: dict[str, Any] | None = None,
         f"{hf_cfg['hidden_size']}). Every other weight is the original's; the particles were "
         "distilled from the original's attention by coulomb-attention (`coulomb-attention "
         "convert`). Attention costs O(L M) per head instead of O(L^2).", "",
+        *([f"This is the **sliding-window hybrid** row (LoLCATs eq. 7): softmax over the "
+           f"{hf_cfg['window'] // 2} tokens on each side of a query "
+           + ("plus the particles' linear term over the other tokens, one shared "
+              "denominator, the window weighted per head by a learned weight; O(L (W + M)) "
+              "per head." if hf_cfg.get("window_linear", True) else
+              "alone (no linear term: the ablation of the linear branch)."), ""]
+          if hf_cfg.get("window") else []),
         "## Load it", "",
         "Needs `torch`, `transformers` and (for the second form) `sentence-transformers`; the",
         "model code is in this directory (`modeling_coulomb_bert.py`), hence "
