@@ -11,7 +11,9 @@ resumes at its last finished layer. ``--grid M [M ...]`` runs the comparison ove
 variants into ``OUT/grid/`` (finished runs reused) and writes ``OUT/grid.md``; ``--speed``
 times the converted encoder against the softmax one (``OUT/speed.json``). ``--lora-rank R``
 adds the low-rank finishing (``OUT/lowrank/checkpoint/``, its own row in ``result.json``). One
-run also writes ``OUT/hf/``, a Hugging Face / sentence-transformers directory (``--no-hf``: not).
+run also writes ``OUT/hf/``, a Hugging Face / sentence-transformers directory of the
+pure-linear (or, with ``--window``, the hybrid) row, and with ``--lora-rank`` ``OUT/lowrank/hf/``
+of the finished row, each card naming its row (``--no-hf``: none).
 """
 
 from __future__ import annotations
@@ -200,7 +202,13 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_hf and (out / "checkpoint").is_dir():
             from ..export import export_hf_directory
 
-            print(f"wrote {export_hf_directory(out / 'checkpoint', out / 'hf')}")
+            row = "hybrid" if cfg.window and cfg.window_linear else (
+                "window alone" if cfg.window else "pure-linear")
+            print(f"wrote {export_hf_directory(out / 'checkpoint', out / 'hf')} ({row} row)")
+            low = out / "lowrank"
+            if (low / "checkpoint").is_dir():  # the finished row: its own directory
+                print(f"wrote {export_hf_directory(low / 'checkpoint', low / 'hf')} "
+                      "(low-rank finished row)")
     if args.speed:
         from ..nn.pretrained import load_pretrained_encoder
 

@@ -35,8 +35,10 @@ from ..nn.bert import KERNEL_KEY, check_vocabulary, resolve_checkpoint_dir
 __all__ = [
     "EXPORTABLE_MAPS",
     "REMOTE_CODE",
+    "ROWS",
     "export_hf_directory",
     "model_card",
+    "row_of",
 ]
 
 #: Feature maps the remote code implements: every attention map of the registry
@@ -215,10 +217,22 @@ def export_hf_directory(
     hf_cfg = _hf_config(model)
     vocab_dir = _source_of_vocab(model, directory)
     check_vocabulary(vocab_dir, int(model.config.vocab_size))
-    if result is None and directory is not None and (directory.parent / "result.json").is_file():
-        result = directory.parent / "result.json"
+    saved_kernel = {}
+    if directory is not None and (directory / "config.json").is_file():
+        saved_kernel = json.loads((directory / "config.json").read_text(encoding="utf-8")).get(
+            KERNEL_KEY, {})
+    finished = saved_kernel.get("variant") == "particles+lowrank"
+    if result is None and directory is not None:
+        # convert's OUT/checkpoint (the pure-linear or hybrid row) or OUT/lowrank/checkpoint
+        home = directory.parent.parent if finished else directory.parent
+        if (home / "result.json").is_file():
+            result = home / "result.json"
     if isinstance(result, (str, os.PathLike)):
         result = json.loads(Path(result).read_text(encoding="utf-8"))
+    if finished and result and "lowrank" in result:  # the finished row's own numbers
+        result = {**result, **{k: v for k, v in result["lowrank"].items()
+                               if k in ("fidelity", "probe")}, "lowrank": result["lowrank"]}
+    row = row_of(hf_cfg, finished)
 
     out = Path(out_dir)
     if out.is_dir() and any(out.iterdir()) and not (out / "modeling_coulomb_bert.py").is_file():
@@ -243,7 +257,7 @@ def export_hf_directory(
     if base_model is None:
         base_model = (result or {}).get("config", {}).get("encoder") or str(model.source or "?")
         base_model = HUB_NAMES.get(str(base_model).lower(), base_model)
-    card = model_card(hf_cfg, result=result, speed=speed, base_model=base_model)
+    card = model_card(hf_cfg, result=result, speed=speed, base_model=base_model, row=row)
     (tmp / "README.md").write_text(card, encoding="utf-8")
     if out.exists():
         shutil.rmtree(out)
@@ -252,6 +266,27 @@ def export_hf_directory(
 
 
 # ---------------------------------------------------------------------------- model card
+
+
+#: The rows of a conversion an export can hold (the card and ``convert``'s output name it).
+ROWS = {"linear": "pure linear: only the particles of the attention kernel were learned",
+        "hybrid": "sliding-window hybrid: softmax over a window plus the particles' linear "
+                  "term (its own row, never mixed with the pure-linear one)",
+        "window": "window alone: softmax over a window, no linear term (the ablation of the "
+                  "hybrid's linear branch)",
+        "lowrank": "low-rank finished: after the particles, LoRA adapters trained and merged "
+                   "into the projections (its own row, never mixed with the pure-linear one)"}
+
+
+def row_of(hf_cfg: dict[str, Any], finished: bool = False) -> str:
+    """The :data:`ROWS` key of an export's configuration (``finished``: the low-rank
+    finished checkpoint)."""
+    if finished:
+        return "lowrank"
+    if hf_cfg.get("window"):
+        return "hybrid" if hf_cfg.get("window_linear", True) else "window"
+    return "linear"
+
 
 
 def speed_markdown(rows: list[dict[str, Any]]) -> list[str]:
@@ -265,7 +300,8 @@ def speed_markdown(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def model_card(hf_cfg: dict[str, Any], *, result: dict[str, Any] | None = None,
-               speed: list[dict[str, Any]] | None = None, base_model: str = "unknown") -> str:
+               speed: list[dict[str, Any]] | None = None, base_model: str = "unknown",
+               row: str | None = None) -> str:
     """``README.md`` of an export: what it is, the numbers of its conversion, how to load it."""
     fmap, m = hf_cfg["feature_map"], hf_cfg["n_features"]
     per = "per layer" if hf_cfg["share_features"] else "per head"
@@ -280,6 +316,7 @@ def model_card(hf_cfg: dict[str, Any], *, result: dict[str, Any] | None = None,
         f"{hf_cfg['hidden_size']}). Every other weight is the original's; the particles were "
         "distilled from the original's attention by coulomb-attention (`coulomb-attention "
         "convert`). Attention costs O(L M) per head instead of O(L^2).", "",
+        f"**Row:** {ROWS[row or row_of(hf_cfg)]}.", "",
         *([f"This is the **sliding-window hybrid** row (LoLCATs eq. 7): softmax over the "
            f"{hf_cfg['window'] // 2} tokens on each side of a query "
            + ("plus the particles' linear term over the other tokens, one shared "
