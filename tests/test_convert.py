@@ -282,3 +282,119 @@ def test_grid_reports_every_run_of_the_base_config_and_refuses_another(tiny_dir,
     other = [*base[:steps], "3", *base[steps + 1:]]
     assert main([*other, "--grid", "4"]) == 2
     assert "holds a conversion of another configuration" in capsys.readouterr().err
+
+
+def test_convert_feature_map_hedgehog_moves_untied_particles(tiny_dir, tmp_path, capsys):
+    """`convert --feature-map hedgehog`: the particles (Langevin, the conversion's defaults)
+    move every row of Hedgehog's map, started tied; the checkpoint computes that map;
+    `--variant hedgehog` stays the tied Adam baseline; odd M is one line and exit 2."""
+    from coulomb_attention.cli import main
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    base = dict(encoder=str(tiny_dir), n_features=8, sentences_file=str(sent), max_length=16,
+                distill=_cfg(steps=6, refine_steps=3, refine_examples=9), eval_sentences=8,
+                probe_tasks=())
+    start = _student(tiny_dir, feature="hedgehog")
+    fresh = _student(tiny_dir)
+    for a, b in zip(start.attention_layers, fresh.attention_layers, strict=True):
+        w = b.omega[:, :4]  # the tied start: the FAVOR+ draw's first half, [W; -W]
+        assert torch.equal(a.omega, torch.cat([w, -w], 1))
+    res = convert_encoder(ConvertConfig(**base, feature_map="hedgehog"), tmp_path / "pp",
+                          log=lambda *_: None)
+    model = load_pretrained_encoder(tmp_path / "pp" / "checkpoint")
+    assert res["refine"]["method"] == "langevin"
+    for a, b in zip(model.attention_layers, start.attention_layers, strict=True):
+        assert a.feature_map == "hedgehog"
+        assert not torch.allclose(a.omega[:, 4:], -a.omega[:, :4])  # untied
+        assert not torch.allclose(a.omega, b.omega)
+    ref = convert_encoder(ConvertConfig(**base, feature_map="hedgehog"), tmp_path / "pp2",
+                          log=lambda *_: None)
+    assert ref["fidelity"] == res["fidelity"]  # deterministic in the seed
+    res_hh = convert_encoder(ConvertConfig(**base, variant="hedgehog"), tmp_path / "hh",
+                             log=lambda *_: None)
+    assert res_hh["refine"]["method"] == "hedgehog"
+    for layer in load_pretrained_encoder(tmp_path / "hh" / "checkpoint").attention_layers:
+        assert layer.feature_map == "hedgehog"
+        assert torch.equal(layer.omega[:, 4:], -layer.omega[:, :4])  # tied
+    with pytest.raises(ValueError, match="even"):
+        ConvertConfig(feature_map="hedgehog", n_features=7)
+    capsys.readouterr()
+    rc = main(["convert", "--encoder", str(tiny_dir), "--feature-map", "hedgehog",
+               "--n-features", "7", "--out", str(tmp_path / "bad"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "even" in err and "\n" not in err, err
+
+
+def test_hybrid_rows_of_the_data_term_are_the_layers_attention(tiny_dir, batch):
+    """The layer-wise data term with a window computes the hybrid of the layer's op: its output
+    MSE to the teacher equals the one of nn.ops.window_attention (all rows, padded batch)."""
+    from coulomb_attention.nn import functional as AF
+
+    ids, mask = batch
+    model = _student(tiny_dir, m=6, feature="porf_softplus")
+    layer = model.attention_layers[1]
+    layer.set_window_(4)
+    with torch.no_grad():
+        layer.window_logit.copy_(torch.tensor([-1.0, 0.5]))
+    (b,) = capture_teacher_batches(model, 1, ids, mask, batch_size=len(ids), rows_per_sequence=0)
+    assert b.window == 4  # every row, in a random order, with its position
+    assert torch.equal(b.row_index[0].sort().values, torch.arange(b.q.shape[2]))
+    term = TeacherAttention(layer.feature)
+    om = layer.omega.double()
+    from coulomb_attention.energy import per_head
+
+    got = TeacherAttention(per_head(layer.feature)).evaluate(om, [b])
+    inv = b.row_index.argsort(1)[:, None, :, None].expand_as(b.q)  # rows back in position order
+    q, k, v = torch.gather(b.q, 2, inv).double(), b.k.double(), b.v.double()
+    pq = torch.stack([layer.feature(q[:, h], om[h]) for h in range(2)], 1)
+    pk = torch.stack([layer.feature(k[:, h], om[h]) for h in range(2)], 1)
+    hyb = AF.naive_window_attention(q, k, v, pq, pk, b.gamma.double(), 4, b.key_mask)
+    soft = AF.softmax_attention(q, k, v, b.key_mask)
+    rows = b.key_mask[:, None, :].expand(-1, 2, -1)  # the real positions are the real rows
+    mse = (((hyb - soft) ** 2).mean(-1))[rows].mean()
+    assert abs(got["mse"] - float(mse)) < 1e-10 and float(mse) > 1e-6
+    assert term.output_weight == 0
+
+
+def test_convert_window_learns_its_weights_and_round_trips(tiny_dir, tmp_path, capsys):
+    """`convert --window W`: the particles and the per-head window weights are learned in the
+    layer-wise stage and the refinement; the checkpoint carries the window and its weights
+    (load_pretrained_encoder embeds as the converted model); the window alone has nothing to
+    learn; bad windows are one line and exit 2."""
+    from coulomb_attention.cli import main
+    from coulomb_attention.convert import embed
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    base = dict(encoder=str(tiny_dir), n_features=6, sentences_file=str(sent), max_length=16,
+                distill=_cfg(steps=4, refine_steps=3, refine_examples=9), eval_sentences=8,
+                probe_tasks=())
+    res = convert_encoder(ConvertConfig(**base, window=4), tmp_path / "w4", log=lambda *_: None)
+    recs = [json.loads(line) for line in (tmp_path / "w4" / "records.jsonl").open()]
+    assert all(r["window"] == 4 and r["window_kl_last"] <= r["window_kl_first"] for r in recs)
+    assert all(w != pytest.approx(0.1, abs=1e-4) for r in recs for w in r["window_weight"])
+    assert len(res["refine"]["window_weight"]) == 2  # layers, each a weight per head
+    model = load_pretrained_encoder(tmp_path / "w4" / "checkpoint")
+    assert all(layer.window == 4 and layer.window_linear for layer in model.attention_layers)
+    learned = torch.sigmoid(torch.stack([layer.window_logit for layer in model.attention_layers]))
+    want = torch.tensor(res["refine"]["window_weight"], dtype=torch.float64)
+    assert torch.allclose(learned.double(), want, atol=1e-6)
+    tok = load_pretrained_tokenizer(tiny_dir)
+    plain = load_pretrained_encoder(tmp_path / "w4" / "checkpoint", window=None)
+    assert plain.attention_layers[0].window == 4  # None: the checkpoint's window
+    assert torch.equal(embed(model, tok, SENTENCES), embed(plain, tok, SENTENCES))
+    alone = convert_encoder(ConvertConfig(**base, window=4, window_linear=False),
+                            tmp_path / "alone", log=lambda *_: None)
+    assert alone["refine"] is None and alone["distill_s"] == 0.0
+    back = load_pretrained_encoder(tmp_path / "alone" / "checkpoint")
+    assert not back.attention_layers[0].window_linear
+    assert alone["fidelity"]["cos_mean"] != res["fidelity"]["cos_mean"]
+    for argv, msg in [(["--window", "0"], "> 0"), (["--window", "-4"], "> 0"),
+                      (["--window", "3"], "even"), (["--window", "1000"], "positions"),
+                      (["--window-alone"], "needs --window")]:
+        capsys.readouterr()
+        rc = main(["convert", "--encoder", str(tiny_dir), *argv, "--sentences", str(sent),
+                   "--out", str(tmp_path / "bad"), "--no-progress"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and msg in err and "\n" not in err, (argv, err)

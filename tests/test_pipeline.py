@@ -293,3 +293,35 @@ def test_jsonl_append_and_truncated_tail(tmp_path):
     read_jsonl(path, repair=True)
     append_jsonl(path, {"a": 4})
     assert [r["a"] for r in read_jsonl(path)] == [1, 2, 4]
+
+
+@pytest.mark.parametrize("variant", [("hedgehog", "hedgehog"), ("hedgehog", "teacher")])
+def test_hedgehog_rows_fine_tune_their_conversion(tiny_dir, tmp_path, variant):
+    """The Hedgehog baseline (its tied map by Adam) and particles on Hedgehog's map: each
+    run's model carries the conversion's map and its rows (frozen through phase B)."""
+    from safetensors.torch import load_file
+
+    from coulomb_attention.convert import ConvertConfig, cached_conversion, conversion_of_run
+    from coulomb_attention.studies.minilm import parse_variant
+    from coulomb_attention.train.distill import DistillConfig
+
+    over = parse_variant(*variant)
+    small = {"n_examples": 9, "holdout": 3, "batch_size": 3, "rows_per_sequence": 0,
+             "steps": 3, "refine_steps": 2, "refine_examples": 9}
+    cfg = _tiny_pretrained(str(tiny_dir), **{**over, "distill": {**over.get("distill", {}),
+                                                                 **small}})
+    conv_cfg = conversion_of_run(cfg)
+    sent = tmp_path / "s.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    conv_cfg = ConvertConfig(**{**conv_cfg.__dict__, "sentences_file": str(sent),
+                                "max_length": 16,
+                                "distill": DistillConfig(**{**conv_cfg.distill.__dict__})})
+    conv = cached_conversion(conv_cfg, tmp_path / "cache", log=lambda *_: None)
+    m = pipeline.run(cfg, tmp_path / "r", converted=conv, log=lambda *_: None)
+    assert math.isfinite(m["accuracy"]) and m["conversion"]["dir"] == str(conv)
+    saved = json.loads((conv / "checkpoint" / "config.json").read_text())
+    want = load_file(conv / "checkpoint" / "model.safetensors")
+    final = load_file(tmp_path / "r" / "ckpt" / "finetune" / "epoch-001" / "model.safetensors")
+    torch.testing.assert_close(final["blocks.0.attn.omega"],
+                               want["encoder.layer.0.attention.self.omega"], rtol=0, atol=0)
+    assert m["model_config"]["attention"] == "hedgehog", (saved, m["model_config"])

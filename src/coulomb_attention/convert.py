@@ -41,7 +41,13 @@ import torch
 from ._validation import check_choice, check_positive
 from .nn.attention import ATTENTION_FEATURES
 from .results import atomic_write_json, save_tensors
-from .train.distill import DistillConfig, distill_attention, embedding_data, refine_encoder
+from .train.distill import (
+    DistillConfig,
+    WindowFitConfig,
+    distill_attention,
+    embedding_data,
+    refine_encoder,
+)
 from .train.finish import FinishConfig, finish_lowrank
 
 __all__ = [
@@ -70,7 +76,11 @@ class ConvertConfig:
     Attributes
     ----------
     encoder : str             ``minilm`` or a BERT checkpoint directory
-    feature_map : str         ``favor``, ``softmax_feat``, ``porf_softplus`` (maps with particles)
+    feature_map : str         the map the particles move in: ``favor``, ``softmax_feat``,
+                              ``porf_softplus`` or ``hedgehog`` (Hedgehog's map
+                              ``[softmax(A x), softmax(B x)]``: started tied, ``B = -A``, every
+                              row of omega then a particle, untied); the maps with particles
+                              of :data:`coulomb_attention.features.MAPS`
     n_features : int          particles per head
     seed : int                particles, sentence draws, Langevin noise
     variant : str             ``particles`` (distilled, the method), ``vanilla`` (fresh fixed
@@ -88,6 +98,14 @@ class ConvertConfig:
     finish : FinishConfig or None  low-rank finishing after the kernel stage (``particles``
                               only; with ``finish.with_particles`` it replaces the joint
                               refinement: the particles move with the adapters)
+    window : int              the sliding-window hybrid (LoLCATs eq. 7, ``KernelAttention.
+                              set_window_``): softmax over the ``window/2`` tokens on each side
+                              plus the particles' linear term over the rest, the window weight
+                              per head learned in both stages (``window_fit``); even, at most
+                              the model's positions; 0: pure linear (default)
+    window_linear : bool      False: the window alone, no linear term (the ablation of the
+                              linear branch; nothing to learn, the stages are skipped)
+    window_fit : WindowFitConfig  how the window weights are learned
     """
 
     encoder: str = "minilm"
@@ -106,6 +124,9 @@ class ConvertConfig:
     probe_c: float = 1.0
     batch_size: int = 64
     finish: FinishConfig | None = None
+    window: int = 0
+    window_linear: bool = True
+    window_fit: WindowFitConfig = field(default_factory=WindowFitConfig)
 
     def __post_init__(self) -> None:
         maps = [n for n, f in ATTENTION_FEATURES.items() if f.has_features]
@@ -130,6 +151,23 @@ class ConvertConfig:
                                  f"{self.variant!r}")
         if self.variant == "hedgehog" and self.n_features % 2:
             raise ValueError(f"n_features must be even for the hedgehog baseline, got "
+                             f"{self.n_features}")
+        w = self.window
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise ValueError(f"window must be an integer >= 0 (0: none), got {w!r}")
+        if w % 2:
+            raise ValueError(f"window must be even for an encoder (window/2 tokens on each "
+                             f"side), got {w}")
+        if not self.window_linear and not w:
+            raise ValueError("window_linear=False (the window alone) needs a window > 0")
+        if w and self.variant not in ("particles", "vanilla", "hedgehog"):
+            raise ValueError(f"a window applies to a linear variant, not {self.variant!r}")
+        if w and self.finish is not None:
+            raise ValueError("a window and low-rank finishing are separate rows; pick one")
+        if not isinstance(self.window_fit, WindowFitConfig):
+            raise TypeError("window_fit must be a WindowFitConfig")
+        if self.feature_map == "hedgehog" and self.n_features % 2:
+            raise ValueError(f"n_features must be even for feature_map 'hedgehog', got "
                              f"{self.n_features}")
 
 
@@ -276,6 +314,8 @@ def _save_progress(state_dir: Path, model, next_layer: int, records, gen_state,
                    config: dict | None = None, stages: dict | None = None) -> None:
     omegas = {f"layer{i}": layer.omega
               for i, layer in enumerate(model.attention_layers) if layer.has_features}
+    omegas.update({f"window{i}": layer.window_logit
+                   for i, layer in enumerate(model.attention_layers) if layer.window})
     save_tensors(state_dir / "omega.safetensors", omegas)
     save_tensors(state_dir / "generator.safetensors", {"state": gen_state})
     atomic_write_json(state_dir / "progress.json",  # last: it names a complete state
@@ -296,6 +336,9 @@ def _load_progress(state_dir: Path, model, config: dict | None = None) -> dict[s
     for i, layer in enumerate(model.attention_layers):
         if f"layer{i}" in omegas:
             layer.load_features_(omegas[f"layer{i}"])
+        if f"window{i}" in omegas and layer.window:
+            with torch.no_grad():
+                layer.window_logit.copy_(omegas[f"window{i}"])
     return {"next_layer": prog["next_layer"], "records": prog["records"],
             "generator_state": load_file(str(state_dir / "generator.safetensors"))["state"],
             "stages": prog.get("stages", {})}
@@ -343,6 +386,12 @@ def convert_encoder(
     else:
         model = load_pretrained_encoder(directory, config.feature_map, config.n_features,
                                         share_features=False, generator=config.seed)
+    if config.window:
+        if config.window > int(bert["max_position_embeddings"]):
+            raise ValueError(f"window {config.window} is larger than the model's "
+                             f"{bert['max_position_embeddings']} positions")
+        for layer in model.attention_layers:
+            layer.set_window_(config.window, linear=config.window_linear)
     finish_cfg = config.finish
     if finish_cfg is not None and finish_cfg.rank > model.config.dim:
         raise ValueError(f"LoRA rank must be at most the projections' width "
@@ -359,7 +408,8 @@ def convert_encoder(
     distill_s = 0.0
     stages: dict[str, Any] = {}  # finished stages after the layers (kernel, finish): resume
     data = None  # the end-to-end stages' batches, shared by the refinement and the finishing
-    if config.variant in ("particles", "hedgehog"):
+    trains = config.variant in ("particles", "hedgehog") and config.window_linear
+    if trains:
         ids, mask = _encode_texts(tok, sentences, config.max_length)
         dcfg = config.distill
         if config.variant == "hedgehog":
@@ -380,6 +430,7 @@ def convert_encoder(
             gen = torch.Generator().manual_seed(config.seed)
             records = distill_attention(
                 model, ids, mask, dcfg, generator=gen, progress=progress, resume=resume,
+                window_fit=config.window_fit,
                 on_layer_done=(lambda nl, rec, gs: _save_progress(state_dir, model, nl, rec, gs,
                                                                   stamp))
                 if config.variant == "particles" else None)
@@ -395,7 +446,8 @@ def convert_encoder(
                                           torch.Generator().manual_seed(config.seed))
                 refine = refine_encoder(model, teacher, ids, mask, dcfg,
                                         generator=torch.Generator().manual_seed(config.seed),
-                                        progress=progress, data=data)
+                                        progress=progress, data=data,
+                                        window_fit=config.window_fit)
                 distill_s += time.perf_counter() - t0
             if config.variant == "particles":
                 stages["kernel"] = {"refine": refine, "distill_s": distill_s}
@@ -405,7 +457,7 @@ def convert_encoder(
         save_pretrained_encoder(model, out / "checkpoint", vocab_from=directory,
                                 extra={"variant": config.variant, "seed": config.seed,
                                        "distill": dataclasses.asdict(config.distill)
-                                       if config.variant != "vanilla" else None})
+                                       if trains else None})
     finished, finish_rec = None, None
     if finish_cfg is not None:
         finished, finish_rec = _finish_stage(config, model, teacher, ids, mask, data, out,
@@ -475,6 +527,9 @@ def _to_json(config) -> dict[str, Any]:
     d = dataclasses.asdict(config)
     if isinstance(config, ConvertConfig) and config.finish is None:
         d.pop("finish")  # configurations from before the finishing stage compare equal
+    if isinstance(config, ConvertConfig) and not config.window:
+        for key in ("window", "window_linear", "window_fit"):  # likewise the window's
+            d.pop(key)
     return json.loads(json.dumps(d, default=list))
 
 

@@ -120,3 +120,21 @@ def test_cli_random_init_writes_json_csv_md(tiny_dir, tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and "\n" not in err, err
+
+
+def test_random_init_window_hybrid_rows(tiny_dir, tmp_path, capsys):
+    """`bench encoder --random-init --window W`: the converted model is the hybrid (its layers
+    carry the window and weights 0.1) and the rows say so; --window without --random-init is
+    one line, exit 2."""
+    conv, _ = es.random_models(tiny_dir, window=4)
+    att = conv.encoder.layer[0].attention.self
+    assert att.window == 4 and torch.allclose(torch.sigmoid(att.window_logit),
+                                              torch.full((3,), 0.1), atol=2e-3)
+    (row,) = es.random_encoder_speed((20,), tiny_dir, batch_size=2, repeats=1, window=4)
+    assert row["window"] == 4 and row["converted_sps"] > 0
+    assert main(["bench", "encoder", str(tiny_dir), "--random-init", "--window", "4",
+                 "--lengths", "8", "--batch-size", "2", "--repeats", "1"]) == 0
+    assert "+ window 4" in capsys.readouterr().out
+    rc = main(["bench", "encoder", str(tiny_dir), "--window", "4"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--random-init" in err and "\n" not in err

@@ -130,19 +130,86 @@ def test_convert_writes_hf_dir_that_embeds_like_the_project(converted):
     assert "M = 6 learned particles per head" in card
 
 
-@pytest.mark.parametrize("feature_map,share", [("softmax_feat", True), ("porf_softplus", False),
-                                               ("favor", True)])
+@pytest.mark.parametrize("feature_map,share", [
+    ("softmax_feat", True), ("porf_softplus", False), ("favor", True), ("hedgehog", False),
+    ("hedgehog", True), ("elu", True)])
 def test_every_map_exports_exactly(hf_bert, tmp_path, feature_map, share):
-    """Fresh particles (no distillation needed for the check), exported from the model."""
-    model = load_pretrained_encoder(hf_bert, feature_map, 5, share_features=share, generator=1)
-    ckpt = tmp_path / "ckpt"
+    """Every map of the registry that the export writes: fresh particles (untied for
+    hedgehog, so both halves matter), saved, exported through the Hugging Face directory and
+    loaded back three ways (AutoModel, SentenceTransformer, the project's loader)."""
+    from coulomb_attention.export import EXPORTABLE_MAPS
     from coulomb_attention.nn.pretrained import save_pretrained_encoder
 
+    assert feature_map in EXPORTABLE_MAPS
+    m = 6 if feature_map == "hedgehog" else 5
+    model = load_pretrained_encoder(hf_bert, feature_map, m, share_features=share, generator=1)
+    if model.attention_layers[0].has_features:
+        g = torch.Generator().manual_seed(3)
+        for layer in model.attention_layers:  # untied rows: B is not -A
+            layer.load_features_(torch.randn(layer.omega.shape, generator=g))
+    ckpt = tmp_path / "ckpt"
     save_pretrained_encoder(model, ckpt)
     out = export_hf_directory(model, tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["feature_map"] == feature_map
     ours = _ours(ckpt)
     assert float((_automodel(out) - ours).abs().max()) < 1e-5
     assert float((_st(out) - ours).abs().max()) < 1e-5
+    back = load_pretrained_encoder(out)
+    for a, b in zip(back.attention_layers, model.attention_layers, strict=True):
+        assert a.feature_map == feature_map and torch.equal(a.omega, b.omega)
+    # the map matters: the same particles on FAVOR+ embed otherwise
+    if feature_map in ("hedgehog", "softmax_feat"):
+        other = load_pretrained_encoder(hf_bert, "favor", m, share_features=share)
+        for a, b in zip(other.attention_layers, model.attention_layers, strict=True):
+            a.load_features_(b.omega)
+        fav = embed(other, load_pretrained_tokenizer(ckpt), TEXTS, max_length=40)
+        assert float((fav - ours).abs().max()) > 1e-3
+
+
+def test_a_checkpoint_switched_to_hedgehog_exports_hedgehog(hf_bert, tmp_path):
+    """A model loaded on FAVOR+ whose layers were switched to Hedgehog's map (the conversion's
+    baseline route, ``use_hedgehog_map_``): its checkpoint and its export compute Hedgehog's
+    map (before the registry the export wrote ``favor`` and embedded as FAVOR+). A checkpoint
+    in the earlier form (``attention`` favor, ``layer_maps`` hedgehog for every layer) still
+    loads and exports as Hedgehog."""
+    from coulomb_attention.nn.attention import use_hedgehog_map_
+    from coulomb_attention.nn.bert import KERNEL_KEY
+    from coulomb_attention.nn.pretrained import save_pretrained_encoder
+
+    model = load_pretrained_encoder(hf_bert, "favor", 6, share_features=False, generator=2)
+    for layer in model.attention_layers:
+        use_hedgehog_map_(layer)
+    ckpt = save_pretrained_encoder(model, tmp_path / "ckpt")
+    kernel = json.loads((ckpt / "config.json").read_text())[KERNEL_KEY]
+    assert kernel["attention"] == "hedgehog" and "layer_maps" not in kernel
+    out = export_hf_directory(ckpt, tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["feature_map"] == "hedgehog"
+    ours = embed(model, load_pretrained_tokenizer(ckpt), TEXTS, max_length=40, batch_size=2)
+    assert float((_automodel(out) - ours).abs().max()) < 1e-5
+    # the earlier form of the same checkpoint
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg[KERNEL_KEY].update(attention="favor", layer_maps={"0": "hedgehog", "1": "hedgehog"})
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    old = load_pretrained_encoder(ckpt)
+    assert [layer.feature_map for layer in old.attention_layers] == ["hedgehog"] * 2
+    assert float((_ours(ckpt) - ours).abs().max()) < 1e-5
+    out2 = export_hf_directory(ckpt, tmp_path / "hf2")
+    assert float((_automodel(out2) - ours).abs().max()) < 1e-5
+    # one layer on another map: loads, and the export refuses it in one line
+    cfg[KERNEL_KEY].update(attention="favor", layer_maps={"1": "hedgehog"})
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    mixed = load_pretrained_encoder(ckpt)
+    assert [layer.feature_map for layer in mixed.attention_layers] == ["favor", "hedgehog"]
+    with pytest.raises(ValueError, match="different feature maps"):
+        export_hf_directory(mixed, tmp_path / "hf3")
+
+
+@pytest.mark.parametrize("attention", ["softmax", "none"])
+def test_the_export_refuses_the_kinds_without_a_map(hf_bert, tmp_path, attention):
+    model = load_pretrained_encoder(hf_bert, attention, 4)
+    with pytest.raises(ValueError, match="cannot be exported") as err:
+        export_hf_directory(model, tmp_path / "hf")
+    assert "\n" not in str(err.value)
 
 
 def test_remote_model_trains_and_its_autograd_path_equals_the_in_place_one(converted):
@@ -433,3 +500,30 @@ def test_weighted_checkpoints_round_trip_and_the_export_refuses_them(hf_bert, tm
 def _ours_model(model, texts=TEXTS) -> torch.Tensor:
     tok = load_pretrained_tokenizer(model.source)
     return embed(model, tok, texts, max_length=40, batch_size=2)
+
+
+@pytest.mark.parametrize("feature_map,linear", [("favor", True), ("hedgehog", True),
+                                                ("porf_softplus", True), ("favor", False)])
+def test_window_hybrid_exports_exactly(hf_bert, tmp_path, feature_map, linear):
+    """A sliding-window hybrid checkpoint (learned-looking window weights, per-head particles)
+    exports with its window: AutoModel and SentenceTransformer embed as the project, padded
+    batches included; the card says which row it is."""
+    from coulomb_attention.nn.pretrained import save_pretrained_encoder
+
+    model = load_pretrained_encoder(hf_bert, feature_map, 6, share_features=False,
+                                    generator=1, window=4, window_linear=linear)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for layer in model.attention_layers:
+            layer.window_logit.copy_(torch.randn(layer.heads, generator=g))
+    ckpt = save_pretrained_encoder(model, tmp_path / "ckpt")
+    out = export_hf_directory(ckpt, tmp_path / "hf")
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["window"], cfg["window_linear"]) == (4, linear)
+    ours = _ours(ckpt)
+    assert float((_automodel(out) - ours).abs().max()) < 1e-5
+    assert float((_st(out) - ours).abs().max()) < 1e-5
+    plain = load_pretrained_encoder(hf_bert, feature_map, 6, share_features=False, generator=1)
+    far = embed(plain, load_pretrained_tokenizer(ckpt), TEXTS, max_length=40)
+    assert float((far - ours).abs().max()) > 1e-4  # the window matters (10x the tolerance)
+    assert "sliding-window hybrid" in (out / "README.md").read_text()

@@ -124,3 +124,43 @@ def test_registry_errors():
         F.positive(torch.zeros(2, 4), torch.zeros(5, 3))
     with pytest.raises(ValueError, match="bias"):
         F.rff(torch.zeros(2, 3), torch.zeros(5, 3))
+
+
+def test_one_registry_names_every_map_once():
+    """MAPS is the one registry: the attention layers, the estimators' core view and the
+    export all read it; Hedgehog's map and elu are ordinary entries."""
+    from coulomb_attention.export import EXPORTABLE_MAPS
+    from coulomb_attention.features import FEATURE_MAPS, MAPS, get_map
+    from coulomb_attention.nn.attention import ATTENTION_FEATURES
+
+    assert set(MAPS) == {"rff", "favor", "porf_softplus", "softmax_feat", "hedgehog", "elu"}
+    assert set(FEATURE_MAPS) == {"rff", "positive", "softplus", "softmax"}
+    for m in MAPS.values():
+        if m.core is not None:
+            assert FEATURE_MAPS[m.core] is m.phi
+        if m.attention:
+            assert ATTENTION_FEATURES[m.name] is m
+    assert not MAPS["rff"].attention and "rff" not in ATTENTION_FEATURES
+    assert set(ATTENTION_FEATURES) - set(MAPS) == {"softmax", "none"}
+    assert set(EXPORTABLE_MAPS) == {n for n, m in MAPS.items() if m.attention}
+    with pytest.raises(ValueError, match="hedgehog"):
+        get_map("hedgehogg")
+
+
+def test_hedgehog_entry_ties_a_fresh_draw_like_the_switch():
+    """attention='hedgehog' draws [W; -W] from the first half of the sampler's draw: the same
+    omega as a FAVOR+ layer of the same generator switched by use_hedgehog_map_; odd M is
+    refused."""
+    from coulomb_attention.nn.attention import KernelAttention, use_hedgehog_map_
+
+    hh = KernelAttention(16, 2, "hedgehog", n_features=8, share_features=False, generator=4)
+    fv = KernelAttention(16, 2, "favor", n_features=8, share_features=False, generator=4)
+    use_hedgehog_map_(fv)
+    assert fv.feature_map == "hedgehog" and torch.equal(hh.omega, fv.omega)
+    assert torch.equal(hh.omega[:, 4:], -hh.omega[:, :4])
+    u = torch.randn(3, 8, dtype=torch.float64)
+    phi = hh.feature(u, hh.omega[0])  # two softmax halves, each summing to 1
+    assert torch.allclose(phi[:, :4].sum(-1), torch.ones(3, dtype=phi.dtype))
+    assert torch.allclose(phi[:, 4:].sum(-1), torch.ones(3, dtype=phi.dtype))
+    with pytest.raises(ValueError, match="even"):
+        KernelAttention(16, 2, "hedgehog", n_features=7)

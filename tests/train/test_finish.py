@@ -173,7 +173,7 @@ def test_cli_lora_flag_errors_exit_2(tiny_dir, tmp_path, capsys):
         assert rc == 2 and msg in err and "\n" not in err, (argv, err)
 
 
-def test_cli_lora_run_reports_both_rows(tiny_dir, tmp_path):
+def test_cli_lora_run_reports_both_rows(tiny_dir, tmp_path, capsys):
     import json
 
     from coulomb_attention.cli import main
@@ -187,6 +187,8 @@ def test_cli_lora_run_reports_both_rows(tiny_dir, tmp_path):
                "--refine-steps", "3", "--probe-tasks", "--lora-rank", "2", "--lora-steps", "3",
                "--lora-objective", "tokens", "--out", str(out), "--no-progress"])
     assert rc == 0
+    printed = capsys.readouterr().out
+    assert "(pure-linear row)" in printed and "(low-rank finished row)" in printed
     res = json.loads((out / "result.json").read_text())
     assert res["config"]["finish"]["rank"] == 2 and res["lowrank"]["finish"]["steps"] == 3
     assert res["lowrank"]["finish"]["objective"] == "tokens"
@@ -196,6 +198,12 @@ def test_cli_lora_run_reports_both_rows(tiny_dir, tmp_path):
     assert "objective tokens (hidden-state weight 1)" in report
     assert "| pure linear (layer-wise + refinement) | particles |" in report, report
     assert (out / "lowrank" / "checkpoint" / "model.safetensors").is_file()
+    # each row its own Hugging Face directory, the card naming the row and its numbers
+    pure, low = (out / "hf" / "README.md").read_text(), (out / "lowrank" / "hf" / "README.md")
+    low = low.read_text()
+    assert "**Row:** pure linear" in pure and f"{res['fidelity']['cos_mean']:.4f}" in pure
+    assert "**Row:** low-rank finished" in low
+    assert f"{res['lowrank']['fidelity']['cos_mean']:.4f}" in low
 
 
 # ---------------------------------------------------------------------------- objectives

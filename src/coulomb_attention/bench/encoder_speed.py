@@ -182,14 +182,15 @@ def _pooled(h, mask):
 
 
 def random_models(hf_dir: str | os.PathLike | None = None, *, max_positions: int | None = None,
-                  n_features: int | None = None, seed: int = 0):
+                  n_features: int | None = None, seed: int = 0, window: int | None = None):
     """``(converted, original)`` with random weights, in float32 on the CPU.
 
     ``original``: ``transformers.BertModel`` (no pooler, SDPA attention) with the shapes of
     ``hf_dir/config.json`` (default: the remote code's defaults, all-MiniLM-L6-v2's shapes and
     FAVOR+ with M = 64 per head); ``converted``: the remote code's model with the same
     weights and particles drawn from N(0, I). ``max_positions`` replaces the position table's
-    size in both; ``n_features`` the particle count M.
+    size in both; ``n_features`` the particle count M; ``window`` makes the converted model
+    the sliding-window hybrid with this W (window weights 0.1; default ``hf_dir``'s).
     """
     import json
 
@@ -208,6 +209,8 @@ def random_models(hf_dir: str | os.PathLike | None = None, *, max_positions: int
                                                            integer=True)
     if n_features is not None:
         fields["n_features"] = check_positive("n_features", n_features, integer=True)
+    if window is not None:
+        fields["window"] = check_positive("window", window, integer=True)
     cfg = config_cls(**fields)
     torch.manual_seed(seed)  # transformers initialises from torch's global generator
     bert_cfg = transformers.BertConfig(
@@ -219,12 +222,15 @@ def random_models(hf_dir: str | os.PathLike | None = None, *, max_positions: int
     original = transformers.BertModel(bert_cfg, add_pooling_layer=False).eval()
     converted = model_cls(cfg).eval()
     missing, unexpected = converted.load_state_dict(original.state_dict(), strict=False)
-    assert not unexpected and all(k.endswith(".omega") for k in missing), (missing, unexpected)
+    assert not unexpected and all(k.endswith((".omega", ".window_logit")) for k in missing), (
+        missing, unexpected)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for layer in converted.encoder.layer:
             om = layer.attention.self.omega
             om.copy_(torch.randn(om.shape, generator=gen))
+            if getattr(layer.attention.self, "window", 0):
+                layer.attention.self.window_logit.fill_(-2.2)  # sigmoid: 0.1
     return converted, original
 
 
@@ -247,6 +253,7 @@ def random_encoder_speed(
     max_positions: int | None = None,
     n_features: int | None = None,
     seed: int = 0,
+    window: int | None = None,
 ) -> list[dict[str, Any]]:
     """Sentences per second of the converted and the original architecture with random
     weights (:func:`random_models`), ``repeats`` interleaved batches per length after a
@@ -274,7 +281,7 @@ def random_encoder_speed(
     if max_positions is None:
         max_positions = max(512, max(lengths))
     conv, orig = random_models(hf_dir, max_positions=max_positions, n_features=n_features,
-                               seed=seed)
+                               seed=seed, window=window)
     limit = int(conv.config.max_position_embeddings)
     too_long = [L for L in lengths if L > limit]
     if too_long:
@@ -305,7 +312,8 @@ def random_encoder_speed(
                      "repeats": repeats, "threads": torch.get_num_threads(), "device": device,
                      "dtype": dtype, "max_positions": limit,
                      "n_features": int(conv.config.n_features),
-                     "feature_map": conv.config.feature_map, "random_init": True})
+                     "feature_map": conv.config.feature_map, "random_init": True,
+                     "window": int(getattr(conv.config, "window", 0) or 0)})
     return rows
 
 

@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "max(512, longest length))")
     p.add_argument("--n-features", type=int, default=None,
                    help="particles M per head (--random-init only; default the config's)")
+    p.add_argument("--window", type=int, default=None,
+                   help="the sliding-window hybrid with this W (--random-init only; an export "
+                        "of `convert --window` carries its own)")
     p.add_argument("--out", default=None,
                    help="JSON file for the rows (.csv and .md written beside it)")
 
@@ -55,17 +58,20 @@ def run(args: argparse.Namespace) -> int:
         rows = es.random_encoder_speed(args.lengths, args.hf_dir, batch_size=args.batch_size,
                                        repeats=args.repeats, device=args.device,
                                        dtype=args.dtype, max_positions=args.max_positions,
-                                       n_features=args.n_features)
+                                       n_features=args.n_features, window=args.window)
         r0 = rows[0]
         caption = (f"random weights (speed only: no pretrained encoder; position table "
-                   f"{r0['max_positions']}), {r0['feature_map']} M = {r0['n_features']}, "
+                   f"{r0['max_positions']}), {r0['feature_map']} M = {r0['n_features']}"
+                   + (f" + window {r0['window']}" if r0.get("window") else "") + ", "
                    f"{r0['device']}, {r0['dtype']}, {r0['threads']} thread(s), median of "
                    f"{r0['repeats']} interleaved repeats")
     else:
         if args.hf_dir is None:
             raise ValueError("HF_DIR is required without --random-init")
-        if args.dtype != "float32" or args.max_positions is not None or args.n_features:
-            raise ValueError("--dtype, --max-positions and --n-features need --random-init")
+        if (args.dtype != "float32" or args.max_positions is not None or args.n_features
+                or args.window is not None):
+            raise ValueError("--dtype, --max-positions, --n-features and --window need "
+                             "--random-init")
         rows = es.encoder_speed(args.hf_dir, args.original, args.lengths,
                                 batch_size=args.batch_size, repeats=args.repeats,
                                 device=args.device)

@@ -11,7 +11,9 @@ resumes at its last finished layer. ``--grid M [M ...]`` runs the comparison ove
 variants into ``OUT/grid/`` (finished runs reused) and writes ``OUT/grid.md``; ``--speed``
 times the converted encoder against the softmax one (``OUT/speed.json``). ``--lora-rank R``
 adds the low-rank finishing (``OUT/lowrank/checkpoint/``, its own row in ``result.json``). One
-run also writes ``OUT/hf/``, a Hugging Face / sentence-transformers directory (``--no-hf``: not).
+run also writes ``OUT/hf/``, a Hugging Face / sentence-transformers directory of the
+pure-linear (or, with ``--window``, the hybrid) row, and with ``--lora-rank`` ``OUT/lowrank/hf/``
+of the finished row, each card naming its row (``--no-hf``: none).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ CONVERT_FLAGS = {"encoder": "encoder", "feature_map": "feature_map", "n_features
                  "seed": "seed", "variant": "variant", "tasks": "tasks",
                  "max_length": "max_length", "eval_sentences": "eval_sentences",
                  "probe_tasks": "probe_tasks", "probe_train": "probe_train",
-                 "probe_eval": "probe_eval"}
+                 "probe_eval": "probe_eval", "window": "window"}
 #: flag (dest) -> DistillConfig field
 DISTILL_FLAGS = {"n_sentences": "n_examples", "holdout": "holdout", "steps": "steps",
                  "batch_size": "batch_size", "rows": "rows_per_sequence", "eta": "eta",
@@ -54,10 +56,14 @@ LORA_FLAGS = {"lora_steps": "steps", "lora_lr": "lr", "lora_objective": "objecti
 def add_arguments(p: argparse.ArgumentParser) -> None:
     c, d, f = (f"(default: {n}Config's)" for n in ("Convert", "Distill", "Finish"))
     p.add_argument("--encoder", help=f"minilm or a BERT checkpoint directory {c}")
-    p.add_argument("--feature-map", help=f"favor, softmax_feat or porf_softplus {c}")
+    p.add_argument("--feature-map",
+                   help="the map the particles move in: favor, softmax_feat, porf_softplus or "
+                        f"hedgehog (Hedgehog's map, its rows untied particles) {c}")
     p.add_argument("--n-features", type=int, help=f"particles per head {c}")
     p.add_argument("--seed", type=int, help=c)
-    p.add_argument("--variant", choices=VARIANTS, help=c)
+    p.add_argument("--variant", choices=VARIANTS,
+                   help=f"particles (the method), vanilla (fixed features), hedgehog (the tied "
+                        f"Adam baseline on Hedgehog's map), softmax (the teacher) {c}")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", required=True)
     p.add_argument("--sentences", default=None,
@@ -108,6 +114,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-targets", nargs="+", choices=LORA_TARGETS, help=f)
     p.add_argument("--lora-with-particles", action="store_true",
                    help="move the particles with the adapters (no separate refinement)")
+    p.add_argument("--window", type=int,
+                   help="sliding-window hybrid (LoLCATs eq. 7): softmax over the W/2 tokens on "
+                        "each side plus the particles' linear term over the rest, the window "
+                        "weight per head learned; W even, > 0, at most the model's positions "
+                        f"(OUT/hf carries it) {c}")
+    p.add_argument("--window-alone", action="store_true",
+                   help="with --window: the window softmax alone, no linear term (the "
+                        "ablation of the linear branch)")
     p.add_argument("--threads", type=int, default=1)
     add_progress(p)
     p.add_argument("--no-hf", action="store_true",
@@ -143,6 +157,11 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
     conv = {field: getattr(c, field) if getattr(args, flag) is None else getattr(args, flag)
             for flag, field in CONVERT_FLAGS.items()}
     conv["tasks"], conv["probe_tasks"] = tuple(conv["tasks"]), tuple(conv["probe_tasks"])
+    if args.window is not None and args.window <= 0:
+        raise ValueError(f"--window must be > 0, got {args.window}")
+    if args.window_alone and args.window is None:
+        raise ValueError("--window-alone needs --window W")
+    conv["window_linear"] = not args.window_alone
     distill = DistillConfig(**dist, refine_eta_end=dist["refine_eta"] / 10)
     return ConvertConfig(**conv, distill=distill, sentences_file=args.sentences,
                          finish=finish_from_args(args))
@@ -183,7 +202,13 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_hf and (out / "checkpoint").is_dir():
             from ..export import export_hf_directory
 
-            print(f"wrote {export_hf_directory(out / 'checkpoint', out / 'hf')}")
+            row = "hybrid" if cfg.window and cfg.window_linear else (
+                "window alone" if cfg.window else "pure-linear")
+            print(f"wrote {export_hf_directory(out / 'checkpoint', out / 'hf')} ({row} row)")
+            low = out / "lowrank"
+            if (low / "checkpoint").is_dir():  # the finished row: its own directory
+                print(f"wrote {export_hf_directory(low / 'checkpoint', low / 'hf')} "
+                      "(low-rank finished row)")
     if args.speed:
         from ..nn.pretrained import load_pretrained_encoder
 

@@ -27,7 +27,7 @@ __all__ = ["COMMON_FLAGS", "DEFAULTS", "add_arguments", "add_common_arguments", 
            "run", "setup_runtime"]
 
 # for --help without importing the pipeline (tests/commands/test_help_and_args.py checks them)
-ATTENTIONS = ("elu", "favor", "none", "porf_softplus", "softmax", "softmax_feat")
+ATTENTIONS = ("elu", "favor", "hedgehog", "none", "porf_softplus", "softmax", "softmax_feat")
 OBJECTIVES = ("labels", "teacher")
 
 # flag -> (config path, type, help)

@@ -50,8 +50,8 @@ import torch
 
 from .terms import Comm
 
-__all__ = ["EmbeddingTeacher", "TeacherAttention", "TeacherBatch", "naive_teacher_value",
-           "per_head", "teacher_mass_gradient", "teacher_rows"]
+__all__ = ["EmbeddingTeacher", "TeacherAttention", "TeacherBatch", "WindowWeights",
+           "naive_teacher_value", "per_head", "teacher_mass_gradient", "teacher_rows"]
 
 FeatureFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -71,6 +71,13 @@ class TeacherBatch:
                                           which sees the keys ``s <= row_pos`` only
     target : Tensor (B, R, S) or None     target rows (probabilities over the keys, shared by
                                           the heads) replacing the softmax rows
+    row_index : LongTensor (B, R) or None the sequence position of each sampled row (needed
+                                          by a window)
+    window : int                          the student is the sliding-window hybrid
+                                          (:mod:`coulomb_attention.nn.ops.window`) with this
+                                          ``W`` (0: pure linear); causal with ``row_pos``
+    gamma : Tensor (H,) or None           its window weight per head
+    window_linear : bool                  False: the window alone (no linear term)
     """
 
     q: torch.Tensor
@@ -80,9 +87,18 @@ class TeacherBatch:
     v: torch.Tensor | None = None
     row_pos: torch.Tensor | None = None
     target: torch.Tensor | None = None
+    row_index: torch.Tensor | None = None
+    window: int = 0
+    gamma: torch.Tensor | None = None
+    window_linear: bool = True
 
     def __post_init__(self) -> None:
         B, H, R, dh = self.q.shape
+        if self.window:
+            if self.row_index is None or tuple(self.row_index.shape) != (B, R):
+                raise ValueError(f"a window needs row_index of shape ({B}, {R})")
+            if self.gamma is None or tuple(self.gamma.shape) != (H,):
+                raise ValueError(f"a window needs gamma of shape ({H},)")
         if self.k.ndim != 4 or self.k.shape[:2] != (B, H) or self.k.shape[3] != dh:
             raise ValueError(f"k must have shape (B, H, S, {dh}) with B={B}, H={H}, got "
                              f"{tuple(self.k.shape)}")
@@ -110,6 +126,20 @@ class TeacherBatch:
             m = m & (s[None, None, None, :] <= self.row_pos[:, None, :, None])
         return m
 
+    def window_mask(self) -> torch.Tensor:
+        """Keys inside each row's window: ``(B, 1, R, S)`` bool (encoder: ``|s - t| <= W/2``;
+        causal: ``t - W < s <= t``), real keys only."""
+        s = torch.arange(self.k.shape[2], device=self.k.device)
+        rel = s[None, None, :] - self.row_index[:, :, None]  # (B, R, S): s - t
+        before, after = ((self.window - 1, 0) if self.row_pos is not None
+                         else (self.window // 2, self.window // 2))
+        return ((rel >= -before) & (rel <= after))[:, None] & self.mask()
+
+    def _window_fields(self, heads=slice(None)):
+        return dict(row_index=self.row_index, window=self.window,
+                    gamma=None if self.gamma is None else self.gamma[heads],
+                    window_linear=self.window_linear)
+
     @property
     def n_rows(self) -> int:
         """Number of real (sequence, head, row) triples."""
@@ -119,7 +149,7 @@ class TeacherBatch:
         """The same sequences restricted to the heads ``index`` (views, no copy)."""
         return TeacherBatch(self.q[:, index], self.k[:, index], self.key_mask, self.row_mask,
                             None if self.v is None else self.v[:, index], self.row_pos,
-                            self.target)
+                            self.target, **self._window_fields(index))
 
     def sequences(self, index: slice) -> TeacherBatch:
         """The sequences ``index`` (views), trimmed to their longest real key."""
@@ -128,7 +158,9 @@ class TeacherBatch:
         return TeacherBatch(self.q[index], self.k[index, :, :s], km[:, :s], self.row_mask[index],
                             None if self.v is None else self.v[index, :, :s],
                             None if self.row_pos is None else self.row_pos[index],
-                            None if self.target is None else self.target[index, :, :s])
+                            None if self.target is None else self.target[index, :, :s],
+                            **{**self._window_fields(), "row_index": None
+                               if self.row_index is None else self.row_index[index]})
 
 
 def teacher_rows(batch: TeacherBatch, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -169,6 +201,11 @@ def _chunk_sums(feature: FeatureFn, w: torch.Tensor, batch: TeacherBatch, output
         phi_q = phi_q * _mass_scale(mass, q.shape[1])
     phi_k = feature(k, w).to(dtype) * batch.key_mask[:, None, :, None].to(dtype)  # (B, H, S, M)
     kern = (phi_q @ phi_k.transpose(-1, -2)).masked_fill(~kmask, 0.0)  # (B, H, R, S)
+    if batch.window:  # the hybrid: gamma exp(q . k) inside the window, the kernel outside
+        inside = batch.window_mask()  # (B, 1, R, S)
+        gamma = batch.gamma.to(dtype)[None, :, None, None]
+        win = gamma * torch.exp((q @ k.transpose(-1, -2)).masked_fill(~inside, -math.inf))
+        kern = torch.where(inside, win, kern if batch.window_linear else torch.zeros_like(kern))
     tiny = torch.finfo(dtype).tiny
     log_a = kern.clamp_min(tiny).log() - kern.sum(-1, keepdim=True).clamp_min(tiny).log()
     valid = kmask & (p > 0)
@@ -372,6 +409,39 @@ class EmbeddingTeacher:
         if n == 0:
             raise ValueError("no sentences in the batches")
         return {"cos": float(1 - stats[0] / n), "sentences": n}
+
+
+@dataclass
+class WindowWeights:
+    """The window weights of a hybrid student as the variable of a data term: ``value_and_grad
+    (logits (H,), batches)`` is ``term``'s value with fixed particles ``omega`` and the window
+    weight ``sigmoid(logits)`` per head in every batch (which must carry a window), and its
+    gradient in the logits (for :func:`coulomb_attention.train.distill.adam_fit`)."""
+
+    term: TeacherAttention
+    omega: torch.Tensor
+
+    def value_and_grad(self, logits: torch.Tensor, batches: Sequence[TeacherBatch],
+                       comm: Comm | None = None):
+        import dataclasses
+
+        dtype = self.term.dtype
+        x = logits.detach().to(dtype).requires_grad_(True)
+        w = self.omega.detach().to(dtype)
+        stats = torch.zeros(3, dtype=dtype)
+        grad = torch.zeros_like(x)
+        for batch in batches:
+            if not batch.window:
+                raise ValueError("window weights need batches with a window")
+            part = dataclasses.replace(batch, gamma=torch.sigmoid(x))
+            kl, se, loss = _chunk_sums(self.term.feature, w, part, self.term.output_weight)
+            (g,) = torch.autograd.grad(loss, x)
+            grad += g
+            stats += torch.stack([kl.detach(), se.detach(),
+                                  torch.tensor(float(part.n_rows), dtype=dtype)])
+        if comm is not None:
+            stats, grad = comm.reduce([stats, grad])
+        return self.term._finish(logits, stats, grad, batches)
 
 
 def per_head(feature: FeatureFn) -> FeatureFn:

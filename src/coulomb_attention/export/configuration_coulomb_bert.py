@@ -4,9 +4,11 @@ Self-contained remote code for ``transformers`` (``trust_remote_code=True``): it
 ``transformers``. The BERT fields keep their ``BertConfig`` meaning; three fields describe the
 attention kernel:
 
-    feature_map     favor | porf_softplus | softmax_feat
-    n_features      particles M per head group
+    feature_map     favor | porf_softplus | softmax_feat | hedgehog | elu
+    n_features      particles M per head group (hedgehog: even; elu: 0, no particles)
     share_features  one particle set per layer (True) or one per head (False)
+    window          the sliding-window hybrid's W (0: pure linear attention)
+    window_linear   False: the window alone (no linear term)
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ try:  # transformers >= 5 spells it PreTrainedConfig; 4.x only PretrainedConfig
 except ImportError:  # pragma: no cover - older transformers
     from transformers import PretrainedConfig as _BaseConfig
 
-FEATURE_MAPS = ("favor", "porf_softplus", "softmax_feat")
+FEATURE_MAPS = ("favor", "porf_softplus", "softmax_feat", "hedgehog", "elu")
 
 
 class CoulombBertConfig(_BaseConfig):
@@ -40,11 +42,18 @@ class CoulombBertConfig(_BaseConfig):
         feature_map: str = "favor",
         n_features: int = 64,
         share_features: bool = False,
+        window: int = 0,
+        window_linear: bool = True,
         **kwargs,
     ) -> None:
+        if int(window) < 0 or int(window) % 2:
+            raise ValueError(f"window must be an even integer >= 0, got {window!r}")
         if feature_map not in FEATURE_MAPS:
             raise ValueError(f"feature_map must be one of {', '.join(FEATURE_MAPS)}, got "
                              f"{feature_map!r}")
+        if feature_map == "hedgehog" and int(n_features) % 2:
+            raise ValueError(f"feature_map 'hedgehog' needs an even n_features, got "
+                             f"{n_features}")
         if hidden_act != "gelu":
             raise ValueError(f"hidden_act must be 'gelu' (exact), got {hidden_act!r}")
         if hidden_size % num_attention_heads:
@@ -63,4 +72,6 @@ class CoulombBertConfig(_BaseConfig):
         self.feature_map = feature_map
         self.n_features = int(n_features)
         self.share_features = bool(share_features)
+        self.window = int(window)
+        self.window_linear = bool(window_linear)
         super().__init__(pad_token_id=pad_token_id, **kwargs)

@@ -35,12 +35,16 @@ from ..nn.bert import KERNEL_KEY, check_vocabulary, resolve_checkpoint_dir
 __all__ = [
     "EXPORTABLE_MAPS",
     "REMOTE_CODE",
+    "ROWS",
     "export_hf_directory",
     "model_card",
+    "row_of",
 ]
 
-#: Feature maps the remote code implements (the maps with particles).
-EXPORTABLE_MAPS = ("favor", "porf_softplus", "softmax_feat")
+#: Feature maps the remote code implements: every attention map of the registry
+#: (:data:`coulomb_attention.features.MAPS`); exact ``softmax`` (the original model, export that
+#: instead) and ``none`` (a control) are refused.
+EXPORTABLE_MAPS = ("favor", "porf_softplus", "softmax_feat", "hedgehog", "elu")
 #: Remote-code files copied into every export (from this package's folder).
 REMOTE_CODE = ("configuration_coulomb_bert.py", "modeling_coulomb_bert.py")
 _AUTO_MAP = {"AutoConfig": "configuration_coulomb_bert.CoulombBertConfig",
@@ -85,15 +89,29 @@ def _hf_config(model) -> dict[str, Any]:
         raise ValueError(f"layers {weighted} have weighted particles (masses): the remote code "
                          "does not implement them, so the export would silently drop them; "
                          "export an unweighted checkpoint")
-    if cfg.attention not in EXPORTABLE_MAPS:
-        raise ValueError(f"attention {cfg.attention!r} cannot be exported (the remote code "
-                         f"implements {', '.join(EXPORTABLE_MAPS)})")
+    # the map the layers compute with (a layer switched to another map, e.g. Hedgehog's by
+    # nn.attention.use_hedgehog_map_, counts, not the model's configured attention)
+    maps = sorted({layer.feature_map for layer in model.attention_layers})
+    if len(maps) != 1:
+        raise ValueError(f"the layers use different feature maps ({', '.join(maps)}); the "
+                         "remote code takes one map for all layers")
+    fmap = maps[0]
+    if fmap not in EXPORTABLE_MAPS:
+        raise ValueError(f"attention {fmap!r} cannot be exported (the remote code implements "
+                         f"{', '.join(EXPORTABLE_MAPS)})")
+    n_features = int(model.attention_layers[0].n_features)  # 0 for elu (no particles)
+    windows = {(layer.window, layer.window_linear) for layer in model.attention_layers}
+    if len(windows) != 1:
+        raise ValueError("the layers have different windows; the remote code takes one")
+    window, window_linear = windows.pop()
     out = {k: v for k, v in model.bert_config.items()
            if k not in ("auto_map", "architectures", "_name_or_path", "transformers_version",
                         KERNEL_KEY)}
     out.update({"model_type": "coulomb_bert", "architectures": ["CoulombBertModel"],
-                "auto_map": dict(_AUTO_MAP), "feature_map": cfg.attention,
-                "n_features": int(cfg.n_features), "share_features": bool(cfg.share_features)})
+                "auto_map": dict(_AUTO_MAP), "feature_map": fmap,
+                "n_features": n_features, "share_features": bool(cfg.share_features)})
+    if window:  # the sliding-window hybrid (absent: pure linear, as before)
+        out.update({"window": int(window), "window_linear": bool(window_linear)})
     return out
 
 
@@ -199,10 +217,22 @@ def export_hf_directory(
     hf_cfg = _hf_config(model)
     vocab_dir = _source_of_vocab(model, directory)
     check_vocabulary(vocab_dir, int(model.config.vocab_size))
-    if result is None and directory is not None and (directory.parent / "result.json").is_file():
-        result = directory.parent / "result.json"
+    saved_kernel = {}
+    if directory is not None and (directory / "config.json").is_file():
+        saved_kernel = json.loads((directory / "config.json").read_text(encoding="utf-8")).get(
+            KERNEL_KEY, {})
+    finished = saved_kernel.get("variant") == "particles+lowrank"
+    if result is None and directory is not None:
+        # convert's OUT/checkpoint (the pure-linear or hybrid row) or OUT/lowrank/checkpoint
+        home = directory.parent.parent if finished else directory.parent
+        if (home / "result.json").is_file():
+            result = home / "result.json"
     if isinstance(result, (str, os.PathLike)):
         result = json.loads(Path(result).read_text(encoding="utf-8"))
+    if finished and result and "lowrank" in result:  # the finished row's own numbers
+        result = {**result, **{k: v for k, v in result["lowrank"].items()
+                               if k in ("fidelity", "probe")}, "lowrank": result["lowrank"]}
+    row = row_of(hf_cfg, finished)
 
     out = Path(out_dir)
     if out.is_dir() and any(out.iterdir()) and not (out / "modeling_coulomb_bert.py").is_file():
@@ -227,7 +257,7 @@ def export_hf_directory(
     if base_model is None:
         base_model = (result or {}).get("config", {}).get("encoder") or str(model.source or "?")
         base_model = HUB_NAMES.get(str(base_model).lower(), base_model)
-    card = model_card(hf_cfg, result=result, speed=speed, base_model=base_model)
+    card = model_card(hf_cfg, result=result, speed=speed, base_model=base_model, row=row)
     (tmp / "README.md").write_text(card, encoding="utf-8")
     if out.exists():
         shutil.rmtree(out)
@@ -236,6 +266,27 @@ def export_hf_directory(
 
 
 # ---------------------------------------------------------------------------- model card
+
+
+#: The rows of a conversion an export can hold (the card and ``convert``'s output name it).
+ROWS = {"linear": "pure linear: only the particles of the attention kernel were learned",
+        "hybrid": "sliding-window hybrid: softmax over a window plus the particles' linear "
+                  "term (its own row, never mixed with the pure-linear one)",
+        "window": "window alone: softmax over a window, no linear term (the ablation of the "
+                  "hybrid's linear branch)",
+        "lowrank": "low-rank finished: after the particles, LoRA adapters trained and merged "
+                   "into the projections (its own row, never mixed with the pure-linear one)"}
+
+
+def row_of(hf_cfg: dict[str, Any], finished: bool = False) -> str:
+    """The :data:`ROWS` key of an export's configuration (``finished``: the low-rank
+    finished checkpoint)."""
+    if finished:
+        return "lowrank"
+    if hf_cfg.get("window"):
+        return "hybrid" if hf_cfg.get("window_linear", True) else "window"
+    return "linear"
+
 
 
 def speed_markdown(rows: list[dict[str, Any]]) -> list[str]:
@@ -249,7 +300,8 @@ def speed_markdown(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def model_card(hf_cfg: dict[str, Any], *, result: dict[str, Any] | None = None,
-               speed: list[dict[str, Any]] | None = None, base_model: str = "unknown") -> str:
+               speed: list[dict[str, Any]] | None = None, base_model: str = "unknown",
+               row: str | None = None) -> str:
     """``README.md`` of an export: what it is, the numbers of its conversion, how to load it."""
     fmap, m = hf_cfg["feature_map"], hf_cfg["n_features"]
     per = "per layer" if hf_cfg["share_features"] else "per head"
@@ -264,6 +316,14 @@ def model_card(hf_cfg: dict[str, Any], *, result: dict[str, Any] | None = None,
         f"{hf_cfg['hidden_size']}). Every other weight is the original's; the particles were "
         "distilled from the original's attention by coulomb-attention (`coulomb-attention "
         "convert`). Attention costs O(L M) per head instead of O(L^2).", "",
+        f"**Row:** {ROWS[row or row_of(hf_cfg)]}.", "",
+        *([f"This is the **sliding-window hybrid** row (LoLCATs eq. 7): softmax over the "
+           f"{hf_cfg['window'] // 2} tokens on each side of a query "
+           + ("plus the particles' linear term over the other tokens, one shared "
+              "denominator, the window weighted per head by a learned weight; O(L (W + M)) "
+              "per head." if hf_cfg.get("window_linear", True) else
+              "alone (no linear term: the ablation of the linear branch)."), ""]
+          if hf_cfg.get("window") else []),
         "## Load it", "",
         "Needs `torch`, `transformers` and (for the second form) `sentence-transformers`; the",
         "model code is in this directory (`modeling_coulomb_bert.py`), hence "

@@ -14,6 +14,8 @@ Per layer and head, with queries and keys scaled by ``head_dim ** -0.25``::
                    are normalised over m (a softmax over the M logits); both cancel
     porf_softplus  phi(u) = softplus(u . w_m) / sqrt(M)
     softmax_feat   phi(u) = softmax_m(u . w_m)
+    hedgehog       phi(u) = [softmax_m(u . a_m), softmax_m(u . b_m)], omega = [A; B]
+    elu            phi(u) = elu(u) + 1 (no particles: omega has 0 rows)
 
 computed in float32 (float64 stays float64), in the linear order: O(L M head_dim) per head.
 Factors that cancel in the ratio exactly (``1/sqrt(M)``; for FAVOR+ queries ``exp(-|q|^2/2)``,
@@ -21,6 +23,17 @@ a constant per row) are not computed. Without autograd on the CPU the kernel run
 block (one head and a few sequences, :func:`blocked_kernel_attention`) on strided views of the
 projections, so that each block's features stay in cache and nothing is copied head-first;
 with autograd, or on an accelerator, in one batched pass (:func:`kernel_attention`).
+With ``window`` W > 0 in the config (``coulomb-attention convert --window W``) each layer is the
+sliding-window hybrid of LoLCATs eq. 7: softmax over the W/2 keys on each side of a query plus
+the kernel above over the other keys, one shared denominator, the window part weighted per
+head by ``sigmoid(window_logit)`` (a buffer per layer)::
+
+    out_t = [g sum_{|s-t|<=W/2} exp(q_t.k_s) v_s + sum_{|s-t|>W/2} phi(q_t).phi(k_s) v_s] /
+            [g sum_{|s-t|<=W/2} exp(q_t.k_s)     + sum_{|s-t|>W/2} phi(q_t).phi(k_s)]
+
+(here the features keep every factor: ``1/sqrt(M)`` and FAVOR+'s ``-|u|^2/2``, as log offsets;
+``window_linear`` false: the window alone), computed by query blocks against the keys around
+them, O(L (W + M) d) per head.
 The rest is BERT: word + position + token-type embeddings -> LayerNorm, post-norm blocks with
 exact GELU; ``last_hidden_state`` is what sentence-transformers mean-pools.
 """
@@ -71,8 +84,11 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
     (H, B, L, M) tensors are updated in place (no fresh allocation per step).
     """
     inplace = not (torch.is_grad_enabled() and (u.requires_grad or omega.requires_grad))
-    z = feature_logits(u, omega * scale)  # (H, B, L, M): (scale u) . w
     pad = None if key_mask is None or is_query else ~key_mask[None, :, :, None]
+    if feature_map == "elu":  # elu(scale u) + 1: (H, B, L, d), no particles
+        phi = F.elu(u * scale) + 1.0
+        return phi if pad is None else phi.masked_fill(pad, 0.0)
+    z = feature_logits(u, omega * scale)  # (H, B, L, M): (scale u) . w
     if feature_map == "favor":
         if is_query:  # exp(z - row max) / row sum in one fused pass: per-row factors cancel
             return torch.softmax(z, -1)
@@ -90,6 +106,9 @@ def kernel_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
         phi = F.softplus(z)
     elif feature_map == "softmax_feat":
         phi = torch.softmax(z, dim=-1)
+    elif feature_map == "hedgehog":
+        half = z.shape[-1] // 2
+        phi = torch.cat([torch.softmax(z[..., :half], -1), torch.softmax(z[..., half:], -1)], -1)
     else:
         raise ValueError(f"unknown feature_map {feature_map!r}")
     if pad is not None:
@@ -166,6 +185,94 @@ def blocked_kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out
 
 
+# ---------------------------------------------------------------------------- the window
+
+
+def hybrid_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, is_query: bool,
+                    key_mask: torch.Tensor | None = None, scale: float = 1.0):
+    """``(phi, log_offset)`` of ``scale * u``, u (H, B, L, d), with every factor of the map
+    kept: ``phi(u) . phi(u') = exp(off + off') phi . phi'`` (FAVOR+ shifted by a query's row
+    maximum / the keys' maximum per (head, sequence); other maps offset 0); padded keys 0."""
+    u = u * scale
+    pad = None if key_mask is None or is_query else ~key_mask[None, :, :, None]
+    M = omega.shape[1]
+    if feature_map == "elu":
+        phi, off = F.elu(u) + 1.0, None
+    elif feature_map == "favor":
+        z = feature_logits(u, omega) - 0.5 * (u * u).sum(-1, keepdim=True) - 0.5 * math.log(M)
+        zm = z if pad is None else z.masked_fill(pad, -math.inf)
+        off = zm.amax(-1, keepdim=True) if is_query else zm.amax((-2, -1), keepdim=True)
+        off = torch.where(torch.isfinite(off), off, torch.zeros_like(off)).detach()
+        phi = torch.exp(zm - off)
+    else:
+        z = feature_logits(u, omega)
+        if feature_map == "porf_softplus":
+            phi = F.softplus(z) / math.sqrt(M)
+        elif feature_map == "softmax_feat":
+            phi = torch.softmax(z, -1)
+        elif feature_map == "hedgehog":
+            half = M // 2
+            phi = torch.cat([torch.softmax(z[..., :half], -1), torch.softmax(z[..., half:], -1)],
+                            -1)
+        else:
+            raise ValueError(f"unknown feature_map {feature_map!r}")
+        off = None
+    if pad is not None:
+        phi = phi.masked_fill(pad, 0.0)
+    return phi, off
+
+
+def _blocks(t: torch.Tensor, before: int, after: int, block: int, n: int) -> torch.Tensor:
+    L = t.shape[2]
+    padded = F.pad(t, (0, 0, before, n * block - L + after))
+    return padded.unfold(2, block + before + after, block).transpose(-1, -2)
+
+
+def window_attention(q, k, v, pq, pk, gamma, window, key_mask=None, log_q=None, log_k=None,
+                     linear=True, block=None):
+    """The hybrid of the module docstring, heads first: q, k (H, B, L, d) scaled, v (H, B, L,
+    e), features pq, pk (H, B, L, M) with log offsets (H, B, L, 1) / (H, B, 1, 1), gamma (H,):
+    (H, B, L, e); blocks of ``block`` queries against the ``block + W`` keys around them."""
+    H, B, L, _ = q.shape
+    e, half = v.shape[-1], window // 2
+    bq = max(1, min(L, block or max(window, 16)))
+    n = -(-L // bq)
+    dt = _compute_dtype(v)
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    valid = (torch.ones(B, L, dtype=dt, device=q.device) if key_mask is None
+             else key_mask.to(dt))[None, :, :, None]  # (1, B, L, 1)
+    kb = _blocks(k, half, half, bq, n)
+    vb = _blocks(torch.cat([v, v.new_ones(H, B, L, 1)], -1), half, half, bq, n)
+    mb = _blocks(valid, half, half, bq, n)[..., 0]  # (1, B, n, Kb)
+    r = torch.arange(bq, device=q.device)[:, None]
+    j = torch.arange(bq + 2 * half, device=q.device)[None, :]
+    inside = ((j - r >= 0) & (j - r <= 2 * half)) & (mb[:, :, :, None, :] > 0)
+    qb = F.pad(q, (0, 0, 0, n * bq - L)).view(H, B, n, bq, -1)
+    logits = (qb @ kb.transpose(-1, -2)).masked_fill(~inside, float("-inf"))
+    shift = logits.amax(-1, keepdim=True)
+    if linear:
+        pq, pk = pq.to(dt), pk.to(dt) * valid
+        off = torch.zeros(H, B, L, 1, dtype=dt, device=q.device)
+        if log_q is not None:
+            off = off + log_q.to(dt)
+        if log_k is not None:
+            off = off + log_k.to(dt)
+        offb = F.pad(off, (0, 0, 0, n * bq - L)).view(H, B, n, bq, 1)
+        shift = torch.maximum(shift, offb)
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift)).detach()
+    acc = gamma.to(dt)[:, None, None, None, None] * (torch.exp(logits - shift) @ vb)
+    if linear:
+        seen = pq @ (pk.transpose(-1, -2) @ torch.cat([v, v.new_ones(H, B, L, 1)], -1))
+        seen = F.pad(seen, (0, 0, 0, n * bq - L)).view(H, B, n, bq, e + 1)
+        pqb = F.pad(pq, (0, 0, 0, n * bq - L)).view(H, B, n, bq, -1)
+        kw = (pqb @ _blocks(pk, half, half, bq, n).transpose(-1, -2)) * inside
+        rest = seen - kw @ vb
+        rest = torch.cat([rest[..., :e], rest[..., e:].clamp_min(0.0)], -1)
+        acc = acc + torch.exp(offb - shift) * rest
+    out = acc[..., :e] / acc[..., e:].clamp_min(_TINY)
+    return out.reshape(H, B, n * bq, e)[:, :, :L].to(v.dtype)
+
+
 # ---------------------------------------------------------------------------- modules
 
 
@@ -204,11 +311,35 @@ class CoulombBertSelfAttention(nn.Module):
         self.query, self.key, self.value = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
         groups = 1 if config.share_features else h
         self.register_buffer("omega", torch.zeros(groups, config.n_features, d // h))
+        self.window = int(getattr(config, "window", 0) or 0)
+        self.window_linear = bool(getattr(config, "window_linear", True))
+        if self.window:
+            self.register_buffer("window_logit", torch.zeros(h))
+
+    def _hybrid(self, q, k, v, key_mask, scale):
+        B, T, _ = q.shape
+
+        def split(t):  # heads first: (H, B, T, dh)
+            return t.view(B, T, self.heads, self.head_dim).permute(2, 0, 1, 3)
+
+        q, k, v = split(q), split(k), split(v)
+        dt = _compute_dtype(v)
+        pq = pk = lq = lk = None
+        if self.window_linear:
+            om = self.omega.to(dt)
+            pq, lq = hybrid_features(q.to(dt), om, self.feature_map, is_query=True, scale=scale)
+            pk, lk = hybrid_features(k.to(dt), om, self.feature_map, is_query=False,
+                                     key_mask=key_mask, scale=scale)
+        out = window_attention(q * scale, k * scale, v, pq, pk, torch.sigmoid(self.window_logit),
+                               self.window, key_mask, lq, lk, self.window_linear)
+        return out.permute(1, 2, 0, 3).reshape(B, T, self.heads * self.head_dim)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, H dh)
         scale = self.head_dim ** -0.25
+        if self.window:
+            return self._hybrid(q, k, v, key_mask, scale)
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
                                              or v.requires_grad)):
             return blocked_kernel_attention(q, k, v, self.omega, self.feature_map, key_mask,

@@ -11,12 +11,27 @@ differentiable in both ``x`` and ``omega``.
 | positive   | exp(omega_m . x - |x|^2/2 - shift) / sqrt(N)  | exp(x . y) (times exp(-2 shift)) |
 | softplus   | softplus(omega_m . x) / sqrt(N)               | no closed form             |
 | softmax    | softmax_m(omega_m . x)                        | none (N-coupled)           |
+
+The one registry of feature maps, :data:`MAPS`, names each map once, under the name the
+attention layers, the checkpoints (``config.json``'s kernel section, its ``layer_maps``) and the
+Hugging Face export all use; the estimators' core names (``positive``, ``softplus``,
+``softmax``) are its ``core`` field and :data:`FEATURE_MAPS` is that view:
+
+| name          | core     | phi(u; omega)                                    | particles      |
+|---------------|----------|--------------------------------------------------|----------------|
+| rff           | rff      | sqrt(2/N) cos(omega . u + b) (not an attention map: signed) | yes |
+| favor         | positive | exp(omega . u - |u|^2/2) / sqrt(N) (FAVOR+)      | yes            |
+| porf_softplus | softplus | softplus(omega . u) / sqrt(N)                    | yes            |
+| softmax_feat  | softmax  | softmax_m(omega_m . u)                           | yes            |
+| hedgehog      |          | [softmax(A u), softmax(B u)], omega = [A; B]     | yes, M even    |
+| elu           |          | elu(u) + 1 (Katharopoulos et al. 2020)           | none (0 rows)  |
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +45,12 @@ __all__ = [
     "softplus",
     "softmax",
     "FEATURE_MAPS",
+    "MAPS",
+    "FeatureMap",
+    "attention_maps",
+    "elu_features",
     "get_feature_map",
+    "get_map",
     "feature_fn",
     "draw_bias",
     "hedgehog_features",
@@ -108,14 +128,6 @@ def _upcast(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
-FEATURE_MAPS: dict[str, Callable[..., torch.Tensor]] = {
-    "rff": rff,
-    "positive": positive,
-    "softplus": softplus,
-    "softmax": softmax,
-}
-
-
 def get_feature_map(name: str) -> Callable[..., torch.Tensor]:
     """Look up a feature map; unknown names raise ``ValueError`` listing the valid ones."""
     return FEATURE_MAPS[check_choice("feature_map", name, FEATURE_MAPS)]
@@ -143,3 +155,81 @@ def hedgehog_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
     half = omega.shape[0] // 2
     return torch.cat([torch.softmax(u @ omega[:half].T, -1),
                       torch.softmax(u @ omega[half:].T, -1)], -1)
+
+
+def elu_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    """``elu(u) + 1`` (Katharopoulos et al. 2020), in float32; ``omega`` is unused (0 rows):
+    ``u (..., d) -> (..., d)``."""
+    return F.elu(_upcast(u)) + 1.0
+
+
+@dataclass(frozen=True)
+class FeatureMap:
+    """One entry of :data:`MAPS` (and of the attention layers' registry).
+
+    Attributes
+    ----------
+    name : str
+        The one name of the map (attention, checkpoints, export).
+    phi : callable or None
+        ``phi(u (..., d), omega (M, d)) -> (..., M)``, unshifted; ``None`` for the attention
+        kinds that are not feature maps (exact ``softmax``, ``none``).
+    sampler : str or None
+        Default sampler of omega (:data:`coulomb_attention.features.SAMPLERS`), ``None`` when
+        the map has no particles.
+    description : str
+    core : str or None
+        The estimators' name of the same function (:data:`FEATURE_MAPS`), if it has one.
+    attention : bool
+        Usable as an attention kernel (``rff`` is not: its features are signed).
+    even : bool
+        Needs an even number of particles (Hedgehog's two halves).
+    tied : bool
+        A fresh draw ties the second half to the first, ``omega = [W; -W]`` (Hedgehog).
+    """
+
+    name: str
+    phi: Callable[..., torch.Tensor] | None
+    sampler: str | None
+    description: str
+    core: str | None = None
+    attention: bool = True
+    even: bool = False
+    tied: bool = False
+
+    @property
+    def has_features(self) -> bool:
+        return self.sampler is not None
+
+
+#: The one registry of feature maps (module docstring).
+MAPS: dict[str, FeatureMap] = {m.name: m for m in (
+    FeatureMap("rff", rff, "gaussian", "random Fourier features sqrt(2/N) cos(w.x + b)",
+               core="rff", attention=False),
+    FeatureMap("favor", positive, "orthogonal",
+               "FAVOR+ positive features exp(w.x - |x|^2/2), approximates softmax attention",
+               core="positive"),
+    FeatureMap("porf_softplus", softplus, "orthogonal", "orthogonal projections + softplus",
+               core="softplus"),
+    FeatureMap("softmax_feat", softmax, "orthogonal",
+               "softmax over the features of w.x (use with tie_qk=True for a PSD kernel)",
+               core="softmax"),
+    FeatureMap("hedgehog", hedgehog_features, "orthogonal",
+               "Hedgehog's map [softmax(A x), softmax(B x)] (Zhang et al. 2024); a fresh draw "
+               "ties B = -A", even=True, tied=True),
+    FeatureMap("elu", elu_features, None, "elu(x) + 1, no random features"),
+)}
+
+#: The estimators' view of :data:`MAPS`: core name -> function (``rff`` needs its ``bias``).
+FEATURE_MAPS: dict[str, Callable[..., torch.Tensor]] = {
+    m.core: m.phi for m in MAPS.values() if m.core is not None}
+
+
+def get_map(name: str) -> FeatureMap:
+    """The registry entry ``name`` of :data:`MAPS`; unknown names raise ``ValueError``."""
+    return MAPS[check_choice("feature map", name, MAPS)]
+
+
+def attention_maps() -> dict[str, FeatureMap]:
+    """The entries of :data:`MAPS` usable as attention kernels, in registry order."""
+    return {n: m for n, m in MAPS.items() if m.attention}

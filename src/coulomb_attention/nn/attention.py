@@ -21,10 +21,10 @@ features explicitly.
 
 from __future__ import annotations
 
+import math
 import numbers
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,51 +38,15 @@ __all__ = ["ATTENTION_FEATURES", "HEDGEHOG", "AttentionFeature", "KernelAttentio
            "trainable_omega", "use_hedgehog_map_"]
 
 
-def _elu_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
-    """``elu(u) + 1`` (Katharopoulos et al. 2020), in float32; ``omega`` is unused (0 rows)."""
-    return F.elu(features.maps._upcast(u)) + 1.0
+#: One entry of :data:`ATTENTION_FEATURES`: the feature-map registry's entry
+#: (:class:`coulomb_attention.features.FeatureMap`).
+AttentionFeature = features.FeatureMap
 
-
-@dataclass(frozen=True)
-class AttentionFeature:
-    """One entry of :data:`ATTENTION_FEATURES`.
-
-    Attributes
-    ----------
-    name : str
-    phi : callable or None
-        ``phi(u (..., d), omega (M, d)) -> (..., M)``: the unshifted feature map (a core map
-        from :mod:`coulomb_attention.features`), ``None`` for exact softmax.
-    sampler : str or None
-        Default sampler of omega (:data:`coulomb_attention.features.SAMPLERS`), ``None`` when
-        the map has no particles.
-    description : str
-    """
-
-    name: str
-    phi: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
-    sampler: str | None
-    description: str
-
-    @property
-    def has_features(self) -> bool:
-        return self.sampler is not None
-
-
+#: The attention kernels: every map of :data:`coulomb_attention.features.MAPS` usable in
+#: attention (``favor``, ``porf_softplus``, ``softmax_feat``, ``hedgehog``, ``elu``) under its
+#: registry name, and the two kinds that are not feature maps (exact ``softmax``, ``none``).
 ATTENTION_FEATURES: dict[str, AttentionFeature] = {
-    "favor": AttentionFeature(
-        "favor", features.positive, "orthogonal",
-        "FAVOR+ positive features exp(w.x - |x|^2/2), approximates softmax attention",
-    ),
-    "porf_softplus": AttentionFeature(
-        "porf_softplus", features.softplus, "orthogonal",
-        "orthogonal projections + softplus",
-    ),
-    "softmax_feat": AttentionFeature(
-        "softmax_feat", features.softmax, "orthogonal",
-        "softmax over the features of w.x (use with tie_qk=True for a PSD kernel)",
-    ),
-    "elu": AttentionFeature("elu", _elu_features, None, "elu(x) + 1, no random features"),
+    **features.attention_maps(),
     "softmax": AttentionFeature("softmax", None, None, "exact softmax attention (quadratic)"),
     "none": AttentionFeature(
         "none", None, None,
@@ -106,6 +70,7 @@ class KernelAttention(nn.Module):
     heads : int
     feature_map : str
         One of :data:`ATTENTION_FEATURES`: ``favor``, ``porf_softplus``, ``softmax_feat``,
+        ``hedgehog`` (Hedgehog's map; ``n_features`` even, a fresh draw tied ``[W; -W]``),
         ``elu``, ``softmax``, ``none`` (no token mixing: ``out_t = out_proj(v_proj(x_t))``).
     n_features : int
         Number of particles ``M`` per head (ignored, but still validated, for ``elu``,
@@ -165,6 +130,9 @@ class KernelAttention(nn.Module):
         self.spec = ATTENTION_FEATURES[check_choice("feature_map", feature_map,
                                                     ATTENTION_FEATURES)]
         n_features = check_positive("n_features", n_features, integer=True)
+        if self.spec.even and n_features % 2:
+            raise ValueError(f"feature_map {feature_map!r} needs an even n_features, got "
+                             f"{n_features}")
         if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not (
             0.0 <= dropout < 1.0
         ):
@@ -192,6 +160,8 @@ class KernelAttention(nn.Module):
         groups = 1 if self.share_features else heads
         self.register_buffer("omega", torch.zeros(groups, self.n_features, self.head_dim))
         self.register_buffer("mass", None)  # (G, M) masses of weighted particles, or None
+        self.window, self.window_linear = 0, True  # the sliding-window hybrid: set_window_
+        self.register_buffer("window_logit", None)  # (H,) logit of the window weight, or None
         if self.has_features:
             self.redraw_(generator)
 
@@ -269,6 +239,7 @@ class KernelAttention(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
+        self._load_window(state_dict, prefix)
         key = prefix + "mass"
         if key in state_dict:  # a weighted checkpoint: validate, then let torch copy it
             mass = state_dict[key]
@@ -296,9 +267,96 @@ class KernelAttention(nn.Module):
         sampler = features.get_sampler(self.sampler)
         draws = [sampler(self.n_features, self.head_dim, generator=generator)
                  for _ in range(self.omega.shape[0])]
-        self.omega.copy_(torch.stack(draws).to(self.omega))
+        omega = torch.stack(draws)  # (G, M, dh)
+        if self.spec.tied:  # Hedgehog: [W; -W] from the first half of the draw
+            w = omega[:, :self.n_features // 2]
+            omega = torch.cat([w, -w], 1)
+        self.omega.copy_(omega.to(self.omega))
         self.mass = None
         return self
+
+    @torch.no_grad()
+    def set_feature_map_(self, name: str) -> KernelAttention:
+        """Compute with another map of :data:`ATTENTION_FEATURES` that has particles, on the
+        same omega (its shape must suit the map: ``hedgehog`` needs an even M). Used to
+        restore a layer of a checkpoint converted on another map than the model's
+        (``layer_maps``) and by :func:`use_hedgehog_map_`. Returns ``self``."""
+        spec = ATTENTION_FEATURES[check_choice("feature_map", name, ATTENTION_FEATURES)]
+        if not (self.has_features and spec.has_features):
+            raise ValueError(f"cannot switch feature_map {self.feature_map!r} to {name!r}: "
+                             "both must have particles")
+        if spec.even and self.n_features % 2:
+            raise ValueError(f"feature_map {name!r} needs an even n_features, got "
+                             f"{self.n_features}")
+        self.spec, self.feature_map = spec, name
+        return self
+
+    #: Initial logit of the window weight: ``sigmoid(-2.2) = 0.1`` (LoLCATs).
+    WINDOW_LOGIT_INIT = -2.2
+
+    @torch.no_grad()
+    def set_window_(self, window: int | None, linear: bool = True) -> KernelAttention:
+        """Make the layer the sliding-window hybrid (:mod:`.ops.window`, LoLCATs eq. 7):
+        softmax over the ``window`` nearest keys (encoder: ``window/2`` on each side, even;
+        causal: the ``window`` most recent) plus this layer's linear term over the rest, one
+        shared denominator, the window weighted per head by ``sigmoid(window_logit)`` (a
+        buffer (H,), started at :data:`WINDOW_LOGIT_INIT`; a layer that already has a window
+        keeps its logits). ``linear=False``: the window alone (the ablation of the linear
+        branch). ``None`` removes the window (the plain layer). Returns ``self``."""
+        if window is None:
+            self.window, self.window_linear, self.window_logit = 0, True, None
+            return self
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise ValueError(f"window must be an integer > 0, got {window!r}")
+        if window <= 0:
+            raise ValueError(f"window must be > 0, got {window}")
+        if not self.causal and window % 2:
+            raise ValueError(f"window must be even for an encoder (window/2 tokens on each "
+                             f"side), got {window}")
+        if self.feature_map in ("softmax", "none"):
+            raise ValueError(f"attention {self.feature_map!r} has no linear term for a window")
+        if linear and self.mass is not None:
+            raise ValueError("the window hybrid takes unweighted particles (no masses)")
+        self.window, self.window_linear = window, bool(linear)
+        if self.window_logit is None:
+            self.window_logit = torch.full((self.heads,), self.WINDOW_LOGIT_INIT,
+                                           dtype=self.omega.dtype, device=self.omega.device)
+        return self
+
+    def _load_window(self, state_dict, prefix) -> None:
+        key = prefix + "window_logit"
+        if key in state_dict and self.window_logit is None:
+            raise ValueError(f"the checkpoint has {key} but the layer has no window "
+                             "(set_window_ first)")
+        if key not in state_dict and self.window_logit is not None:
+            state_dict[key] = self.window_logit  # a layer given a window keeps its start
+
+    def _attend_window(self, q, k, v, mask):
+        """The hybrid of :mod:`.ops.window` with this layer's features (FAVOR+: shifted, with
+        their log offsets, so that they stay finite)."""
+        gamma = torch.sigmoid(self.window_logit)
+        pq = pk = lq = lk = None
+        if self.window_linear and self.feature_map == "favor":
+            dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+            q, k, om = q.to(dt), k.to(dt), self.omega.to(dt)
+
+            def logf(u):
+                if om.shape[0] == 1:
+                    return features.log_positive(u, om[0])
+                return torch.vmap(features.log_positive, in_dims=(1, 0), out_dims=1)(u, om)
+
+            half_log_m = 0.5 * math.log(self.n_features)  # the 1/sqrt(M) of each feature
+            a, b = logf(q) - half_log_m, logf(k) - half_log_m  # (B, H, L, M) log features
+            lq = a.amax(-1, keepdim=True).detach()
+            bm = b if mask is None else b.masked_fill(~mask[:, None, :, None], float("-inf"))
+            lk = bm.amax((-2, -1), keepdim=True).detach()
+            lk = torch.where(torch.isfinite(lk), lk, torch.zeros_like(lk))
+            pq, pk = torch.exp(a - lq), torch.exp(b - lk)
+        elif self.window_linear:
+            pq, pk = self._phi(q), self._phi(k)
+        return AF.window_attention(q, k, v, pq, pk, gamma, self.window, mask,
+                                   causal=self.causal, log_q=lq, log_k=lk,
+                                   linear=self.window_linear)
 
     # ------------------------------------------------------------------ pieces
 
@@ -345,7 +403,7 @@ class KernelAttention(nn.Module):
         """Unshifted features of (B, H, L, dh) with this layer's omega (scaled by
         ``sqrt(M mass)`` when weighted): (B, H, L, M)."""
         om = self.omega
-        if om.shape[0] == 1 or self.feature_map == "elu":
+        if om.shape[0] == 1 or not self.has_features:  # elu: no particles
             phi = self.feature(u, om[0])
         else:  # one omega per head: the map vectorised over the head dimension (no loop)
             phi = torch.vmap(self.feature, in_dims=(1, 0), out_dims=1)(u, om)
@@ -408,6 +466,9 @@ class KernelAttention(nn.Module):
     ) -> torch.Tensor:
         """Attention of already projected heads: q, k ``(B, H, T|S, dh)`` (scaled as by
         :meth:`queries`), v ``(B, H, S, dh)`` -> ``(B, H, T, dh)``."""
+        if self.window:  # the sliding-window hybrid (set_window_)
+            with torch.autocast(device_type=q.device.type, enabled=False):
+                return self._attend_window(q, k, v, mask)
         name = self.feature_map
         if name == "none":  # the no-mixing control: each position's output is its own value
             return v
@@ -431,7 +492,9 @@ class KernelAttention(nn.Module):
                 f"n_features={self.n_features}, tie_qk={self.tie_qk}, "
                 f"share_features={self.share_features}"
                 + (", causal=True" if self.causal else "")
-                + (", weighted=True" if self.mass is not None else ""))
+                + (", weighted=True" if self.mass is not None else "")
+                + (f", window={self.window}" if self.window else "")
+                + ("" if self.window_linear else ", window_linear=False"))
 
 
 def _sdpa(q, k, v, mask, causal=False):
@@ -452,8 +515,8 @@ def _sdpa(q, k, v, mask, causal=False):
 # ---------------------------------------------------------------------------- hedgehog
 
 
-HEDGEHOG = AttentionFeature("hedgehog", features.hedgehog_features, "orthogonal",
-                            "learned map inside the exponential (Hedgehog baseline)")
+#: Hedgehog's map, the registry's entry (kept under its earlier name).
+HEDGEHOG = ATTENTION_FEATURES["hedgehog"]
 
 
 @contextmanager
@@ -481,16 +544,14 @@ def trainable_omega(module: nn.Module) -> Iterator[list[KernelAttention]]:
 
 
 def use_hedgehog_map_(layer) -> None:
-    """Switch a :class:`KernelAttention` with particles to the Hedgehog map (omega ``[W; -W]``
-    from the first half of its current omega). The layer then computes linear attention with
-    :func:`~coulomb_attention.features.maps.hedgehog_features` (a baseline outside
-    :data:`ATTENTION_FEATURES`; ``save_pretrained_encoder`` names it in the checkpoint and
-    ``load_pretrained_encoder`` switches back to it)."""
+    """Switch a :class:`KernelAttention` with particles to the registry's ``hedgehog`` map,
+    omega ``[W; -W]`` from the first half of its current omega (the tied start of the Hedgehog
+    baseline; on a fresh draw it equals ``KernelAttention(..., "hedgehog")`` of the same
+    generator). Masses are dropped."""
     if not layer.has_features or layer.n_features % 2:
         raise ValueError("the hedgehog baseline needs a layer with an even number of particles")
     half = layer.n_features // 2
     w = layer.omega[:, :half]
-    layer.spec = HEDGEHOG
-    layer.feature_map = "hedgehog"
+    layer.set_feature_map_("hedgehog")
     layer.load_features_(torch.cat([w, -w], 1))
     layer.load_masses_(None)

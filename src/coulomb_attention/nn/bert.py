@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KERNEL_KEY",
     "MASS_KEY",
+    "WINDOW_KEY",
     "OMEGA_KEY",
     "PRETRAINED",
     "PretrainedSpec",
@@ -371,6 +372,8 @@ KERNEL_KEY = "coulomb_attention"
 OMEGA_KEY = "encoder.layer.{}.attention.self.omega"
 #: Name of the particle masses of layer ``i`` (weighted particles; absent when unweighted).
 MASS_KEY = "encoder.layer.{}.attention.self.mass"
+#: The window logits (H,) of a sliding-window hybrid layer (``KernelAttention.set_window_``).
+WINDOW_KEY = "encoder.layer.{}.attention.self.window_logit"
 
 
 def save_bert_checkpoint(
@@ -409,6 +412,10 @@ def save_bert_checkpoint(
         elif kernel is not None and name.startswith("blocks.") and name.endswith(".attn.mass"):
             i = int(name.split(".")[1])
             tensors[MASS_KEY.format(i)] = value.detach().to("cpu").contiguous()
+        elif (kernel is not None and name.startswith("blocks.")
+              and name.endswith(".attn.window_logit")):
+            i = int(name.split(".")[1])
+            tensors[WINDOW_KEY.format(i)] = value.detach().to("cpu").contiguous()
     missing = sorted(set(inverse) - set(state))
     if missing:
         raise ValueError(f"state lacks {len(missing)} encoder tensors, e.g. {missing[:3]}")

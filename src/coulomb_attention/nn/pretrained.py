@@ -11,7 +11,8 @@ A local Hugging Face BERT checkpoint directory (``config.json`` + ``model.safete
 
 The pretrained query/key/value/output projections are kept 1:1 in every attention layer; only
 the attention *kernel* changes (``attention="softmax"`` reproduces the reference model exactly;
-``favor``, ``porf_softplus``, ``softmax_feat``, ``elu`` replace ``exp(q.k/sqrt(d))`` by
+``favor``, ``porf_softplus``, ``softmax_feat``, ``hedgehog``, ``elu`` replace
+``exp(q.k/sqrt(d))`` by
 ``phi(q).phi(k)`` with particles ``omega`` drawn fresh from ``generator``). A *converted*
 checkpoint (written by :func:`save_pretrained_encoder`, e.g. by ``coulomb-attention convert``)
 carries its kernel in ``config.json`` and its particles in ``model.safetensors``; it loads back
@@ -32,12 +33,13 @@ import torch
 from torch import nn
 
 from .._validation import check_positive
-from .attention import use_hedgehog_map_
+from .attention import ATTENTION_FEATURES
 from .bert import (
     KERNEL_KEY,
     MASS_KEY,
     OMEGA_KEY,
     PRETRAINED,
+    WINDOW_KEY,
     PretrainedSpec,
     bert_key_map,
     convert_bert_state_dict,
@@ -98,6 +100,21 @@ class PretrainedClassifier(TransformerClassifier):
         return nn.functional.normalize(emb, dim=-1) if normalize else emb
 
 
+def saved_attention(bert: dict[str, Any]) -> str | None:
+    """The map of a converted checkpoint's ``config.json`` (None: not converted): its kernel
+    section's ``attention``, or, when ``layer_maps`` names one map for every layer (a
+    checkpoint written before Hedgehog's map was a registry entry: ``attention`` "favor" and
+    every layer "hedgehog"), that map."""
+    saved = bert.get(KERNEL_KEY)
+    if saved is None:
+        return None
+    maps = set((saved.get("layer_maps") or {}).values())
+    layers = saved.get("layer_maps") or {}
+    if len(maps) == 1 and len(layers) == int(bert.get("num_hidden_layers", -1)):
+        return maps.pop()
+    return saved["attention"]
+
+
 def _kernel_of(bert: dict[str, Any], attention, n_features, share_features, where) -> tuple:
     """Resolve (attention, n_features, share_features, use_saved_omega) against the kernel
     section of a converted checkpoint (absent: softmax, 64, shared, no saved particles)."""
@@ -105,7 +122,7 @@ def _kernel_of(bert: dict[str, Any], attention, n_features, share_features, wher
     if saved is None:
         return (attention or "softmax", 64 if n_features is None else n_features,
                 True if share_features is None else share_features, False)
-    if attention is not None and attention != saved["attention"]:
+    if attention is not None and attention != saved_attention(bert):
         # a different kernel on the same weights: fresh particles, as for any BERT checkpoint
         return (attention, 64 if n_features is None else n_features,
                 True if share_features is None else share_features, False)
@@ -114,7 +131,8 @@ def _kernel_of(bert: dict[str, Any], attention, n_features, share_features, wher
             raise ValueError(f"{where}: converted with {name}={saved[name]!r}, asked for "
                              f"{value!r} (its particles would not fit; pass another attention "
                              "to draw fresh ones)")
-    return saved["attention"], int(saved["n_features"]), bool(saved["share_features"]), True
+    return (saved_attention(bert), int(saved["n_features"]), bool(saved["share_features"]),
+            True)
 
 
 def load_pretrained_encoder(
@@ -127,6 +145,8 @@ def load_pretrained_encoder(
     dropout: float | None = None,
     pooling: str = "mean",
     generator: torch.Generator | int | None = None,
+    window: int | None = None,
+    window_linear: bool | None = None,
 ) -> PretrainedClassifier:
     """Load a BERT-style checkpoint into a classifier whose attention is ``attention``.
 
@@ -153,6 +173,13 @@ def load_pretrained_encoder(
         ``"mean"`` (masked, as sentence-transformers) or ``"cls"``.
     generator : torch.Generator or int, optional
         Draws the head and fresh particles (``None``: torch's global generator).
+    window : int, optional
+        Make every layer with a linear term the sliding-window hybrid with this ``W``
+        (``KernelAttention.set_window_``; the window weights start at 0.1). Default: the
+        converted checkpoint's window (with its learned weights), else none. ``W`` must be at
+        most the position table's size.
+    window_linear : bool, optional
+        ``False``: the window alone (no linear term); default the checkpoint's, else True.
 
     Returns
     -------
@@ -192,20 +219,21 @@ def load_pretrained_encoder(
                   if not (k.startswith("head.") or k.endswith(".omega"))]
     assert not not_loaded, not_loaded  # convert_bert_state_dict checked the mapping
     if use_saved:
-        # layers converted to a baseline map outside the registry (the Hedgehog map,
+        # layers on another map than the model's (``layer_maps``, e.g. switched by
         # nn.attention.use_hedgehog_map_): switched to it before their particles are loaded
-        baseline = {int(i): m for i, m in (bert[KERNEL_KEY].get("layer_maps") or {}).items()}
+        layer_maps = {int(i): m for i, m in (bert[KERNEL_KEY].get("layer_maps") or {}).items()}
+        known = [n for n, f in ATTENTION_FEATURES.items() if f.has_features]
         for i, layer in enumerate(model.attention_layers):
             if not layer.has_features:
                 continue
             if i not in omegas:
                 raise ValueError(f"{directory}: converted checkpoint lacks the particles "
                                  f"{OMEGA_KEY.format(i)}")
-            if baseline.get(i) == "hedgehog":
-                use_hedgehog_map_(layer)
-            elif i in baseline:
-                raise ValueError(f"{directory}: unknown feature map {baseline[i]!r} of layer {i} "
-                                 "(known: hedgehog)")
+            if i in layer_maps:
+                if layer_maps[i] not in known:
+                    raise ValueError(f"{directory}: unknown feature map {layer_maps[i]!r} of "
+                                     f"layer {i} (known: {', '.join(known)})")
+                layer.set_feature_map_(layer_maps[i])
             try:
                 layer.load_features_(omegas[i])
             except (ValueError, TypeError) as exc:
@@ -216,7 +244,26 @@ def load_pretrained_encoder(
                 except (ValueError, TypeError) as exc:
                     raise ValueError(f"{directory}: particle masses {MASS_KEY.format(i)}: "
                                      f"{exc}") from exc
-    model.unused_keys = unused
+    saved = bert.get(KERNEL_KEY) or {}
+    if not use_saved:
+        saved = {}
+    w = window if window is not None else saved.get("window")
+    if w:
+        if isinstance(w, bool) or not isinstance(w, int) or w > config.max_len:
+            raise ValueError(f"window must be an integer in [1, {config.max_len}] (the "
+                             f"model's positions), got {w!r}")
+        linear = (window_linear if window_linear is not None
+                  else bool(saved.get("window_linear", True)))
+        for i, layer in enumerate(model.attention_layers):
+            if layer.feature_map in ("softmax", "none"):
+                continue
+            layer.set_window_(w, linear=linear)
+            for prefix in ("", "bert."):
+                key = prefix + WINDOW_KEY.format(i)
+                if key in state and w == saved.get("window"):
+                    with torch.no_grad():
+                        layer.window_logit.copy_(state[key].to(layer.window_logit))
+    model.unused_keys = [k for k in unused if "window_logit" not in k]
     model.bert_config = {k: v for k, v in bert.items() if k != KERNEL_KEY}
     return model.eval()
 
@@ -227,16 +274,27 @@ def save_pretrained_encoder(model: PretrainedClassifier, directory: str | os.Pat
     """Write ``model``'s encoder (weights, kernel and particles) as a checkpoint directory that
     :func:`load_pretrained_encoder` loads back (``config.json`` + ``model.safetensors`` +
     ``vocab.txt``). ``vocab_from`` defaults to ``model.source``; ``extra`` is stored in the
-    kernel section of ``config.json`` (e.g. how the particles were learned). Layers switched to
-    a baseline map (the Hedgehog map, :func:`coulomb_attention.nn.attention.use_hedgehog_map_`)
-    are named in the kernel section's ``layer_maps`` and switched back on loading."""
+    kernel section of ``config.json`` (e.g. how the particles were learned). The kernel's
+    ``attention`` is the map of the layers (the model's, or the one map every layer was
+    switched to, e.g. by :func:`coulomb_attention.nn.attention.use_hedgehog_map_`); layers on
+    another map are named in the kernel section's ``layer_maps`` and switched back on
+    loading."""
     if not model.bert_config:
         raise ValueError("model has no bert_config: load it with load_pretrained_encoder")
     cfg = model.config
-    kernel = {"attention": cfg.attention, "n_features": cfg.n_features,
+    used = {layer.feature_map for layer in model.attention_layers if layer.has_features}
+    attention = used.pop() if len(used) == 1 else cfg.attention
+    kernel = {"attention": attention, "n_features": cfg.n_features,
               "share_features": cfg.share_features, **(extra or {})}
+    windows = {(layer.window, layer.window_linear) for layer in model.attention_layers
+               if layer.window}
+    if len(windows) > 1:
+        raise ValueError(f"the layers have different windows {sorted(windows)}; a checkpoint "
+                         "takes one")
+    if windows:
+        kernel["window"], kernel["window_linear"] = windows.pop()
     layer_maps = {str(i): layer.feature_map for i, layer in enumerate(model.attention_layers)
-                  if layer.has_features and layer.feature_map != cfg.attention}
+                  if layer.has_features and layer.feature_map != attention}
     if layer_maps:
         kernel["layer_maps"] = layer_maps
     return save_bert_checkpoint(model.state_dict(), model.bert_config, directory,

@@ -31,6 +31,8 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("favor:teacher", "softmax:vanilla"),
     ("favor:teacher", "hedgehog:hedgehog"),
     ("hedgehog:hedgehog", "softmax:vanilla"),
+    ("hedgehog:teacher", "hedgehog:hedgehog"),
+    ("favor:teacher", "hedgehog:teacher"),
     ("favor:vanilla", "softmax:vanilla"),
     ("favor:labels", "favor:vanilla"),
     ("favor:teacher", "favor:labels"),

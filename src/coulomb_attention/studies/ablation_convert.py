@@ -264,12 +264,11 @@ def run(spec: dict[str, Any], *, run_dir: str | Path | None = None,
     directory = resolve_checkpoint_dir(spec.get("encoder", "minilm"))
     tok = load_pretrained_tokenizer(directory)
     teacher = load_pretrained_encoder(directory, "softmax")
-    model = load_pretrained_encoder(directory, "favor", m, share_features=False, generator=seed)
-    if _particle_map(spec) == "hedgehog":  # the particle dynamics on Hedgehog's map (untied)
-        from ..nn.attention import use_hedgehog_map_
-
-        for layer in model.attention_layers:
-            use_hedgehog_map_(layer)
+    # the particle dynamics on Hedgehog's map (untied) is the registry's hedgehog entry: its
+    # fresh draw is [W; -W] from the first half of the FAVOR+ draw of the same generator, as
+    # `convert --feature-map hedgehog` loads it
+    model = load_pretrained_encoder(directory, _particle_map(spec), m, share_features=False,
+                                    generator=seed)
     tasks = tuple(spec.get("tasks", ("sst2", "rotten_tomatoes", "qqp")))
     sentences = load_sentences(tasks, "train", data_dir, spec["n_fit"] + budget.holdout, seed)
     held = load_sentences(tasks, "eval", data_dir, budget.eval_sentences, 10_000 + seed)

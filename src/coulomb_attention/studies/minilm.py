@@ -10,7 +10,8 @@ teacher    phase A = the conversion (``coulomb-attention convert``: layer-wise r
            (encoder, map, M, seed) and reused by every task; phase B fine-tunes the rest
 labels     phase A = the paper's literal label alignment (kernel-target alignment + repulsion)
 hedgehog   Hedgehog's baseline (Zhang et al. 2024): its map ``[softmax(W x), softmax(-W x)]``
-           with tied ``W`` fitted by Adam on the same conversion objective (``hedgehog:hedgehog``)
+           with tied ``W`` fitted by Adam on the same conversion objective (``hedgehog:hedgehog``;
+           ``hedgehog:teacher`` is the method's particles, untied, on the same map)
 ========== ==================================================================================
 
 Runs are seed-major (every variant of seed 0, then seed 1, ...) so an interrupted study
@@ -51,6 +52,7 @@ VARIANTS: tuple[tuple[str, str], ...] = (
     ("favor", "vanilla"),
     ("favor", "teacher"),
     ("hedgehog", "hedgehog"),
+    ("hedgehog", "teacher"),
     ("favor", "labels"),
     ("porf_softplus", "vanilla"),
     ("porf_softplus", "teacher"),
@@ -70,8 +72,7 @@ def parse_variant(attention: str, kernel: str) -> dict[str, Any]:
         if attention != "hedgehog":
             raise ValueError(f"the Hedgehog baseline is the variant hedgehog:hedgehog, not "
                              f"{attention}:hedgehog")
-        # Hedgehog's map is switched on by the conversion (its checkpoint names the map)
-        return {"attention": "favor", **json.loads(json.dumps(KERNELS[kernel]))}
+        return {"attention": "hedgehog", **json.loads(json.dumps(KERNELS[kernel]))}
     if attention == "softmax" and kernel != "vanilla":
         raise ValueError("softmax attention has no features to learn: softmax:vanilla")
     return {"attention": attention, **json.loads(json.dumps(KERNELS[kernel]))}

@@ -61,6 +61,7 @@ from ..energy import (
     Hamiltonian,
     TeacherAttention,
     TeacherBatch,
+    WindowWeights,
     per_head,
 )
 
@@ -72,6 +73,7 @@ from .phases import langevin_setup, run_phase_a
 __all__ = [
     "METHODS",
     "DistillConfig",
+    "WindowFitConfig",
     "align_to_softmax",
     "capture_teacher_batches",
     "distill_attention",
@@ -179,6 +181,36 @@ class DistillConfig(ParticleConfig):
             object.__setattr__(self, "layers", layers)
 
 
+@dataclass(frozen=True)
+class WindowFitConfig:
+    """How the window weights of a hybrid student (``KernelAttention.set_window_``) are
+    learned: in each stage the particles move by the stage's method with the weights held,
+    then the weights (``sigmoid`` of a logit per head) by Adam (:func:`adam_fit`, untied) on
+    the same data term with the particles held.
+
+    Attributes
+    ----------
+    steps : int          Adam steps per layer in the layer-wise stage (row KL of the hybrid)
+    lr : float           their learning rate (on the logits)
+    refine_steps : int   Adam steps on all layers' logits after the joint refinement
+                         (the embedding objective; 0: none)
+    refine_lr : float
+    """
+
+    steps: int = 100
+    lr: float = 0.05
+    refine_steps: int = 50
+    refine_lr: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "refine_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        for name in ("lr", "refine_lr"):
+            check_positive(name, getattr(self, name))
+
+
 # ---------------------------------------------------------------------------- caching
 
 
@@ -227,8 +259,13 @@ def capture_teacher_batches(
         row_mask = torch.gather(mask, 1, order)
         q = q.float().cpu()
         idx = order[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1])
+        window = dict(window=layer.window, row_index=order,
+                      gamma=torch.sigmoid(layer.window_logit.detach().double()).cpu(),
+                      window_linear=layer.window_linear) if layer.window else {}
+        if layer.window and layer.causal:
+            window["row_pos"] = order
         out.append(TeacherBatch(torch.gather(q, 2, idx), k.float().cpu(), mask, row_mask,
-                                None if v is None else v.float().cpu()))
+                                None if v is None else v.float().cpu(), **window))
     return out
 
 
@@ -322,8 +359,15 @@ def distill_attention(
     on_layer_done: Callable[[int, list[dict], torch.Tensor], None] | None = None,
     resume: dict[str, Any] | None = None,
     keep_trace: int = 0,
+    window_fit: WindowFitConfig | None = None,
 ) -> list[dict[str, Any]]:
     """Convert the model's attention layers in place, in order, by attention distillation.
+
+    Layers with a window (``KernelAttention.set_window_``, the sliding-window hybrid) are
+    fitted on the hybrid's rows (window part ``gamma exp(q . k)``, the kernel outside, one
+    denominator): the particles by the method with the window weights held, then the weights
+    by :class:`WindowFitConfig` (default one) with the particles held; the window alone
+    (``linear=False``) has nothing to fit (no features, and ``gamma`` cancels).
 
     Parameters
     ----------
@@ -453,6 +497,27 @@ def distill_attention(
                                          tied=config.method == "hedgehog")
             new_omega = omega.reshape(omega_all.shape).to(dtype)
             traces = [trace] * groups
+        window_rec = {}
+        if layer.window and layer.window_linear:  # the hybrid's weights, particles held
+            wf = window_fit or WindowFitConfig()
+            wterm = WindowWeights(TeacherAttention(
+                per_head(layer.feature) if groups > 1 else layer.feature,
+                output_weight=config.output_weight, dtype=dtype),
+                new_omega if groups > 1 else new_omega[0])
+            logit0 = layer.window_logit.detach().to("cpu", dtype)
+            order = torch.randperm(len(fit_b), generator=generator).tolist()
+            logits, wtrace = adam_fit(wterm, logit0, cycle(fit_b, order), wf.steps, wf.lr,
+                                      comm=comm, tied=False) if wf.steps else (logit0, [])
+            with torch.no_grad():
+                layer.window_logit.copy_(logits.to(layer.window_logit))
+            gamma = torch.sigmoid(logits.double())
+            fit_b = [dataclasses.replace(b, gamma=gamma) for b in fit_b]
+            hold_b = [dataclasses.replace(b, gamma=gamma) for b in hold_b]
+            fit_g = [[b.heads(h) for b in fit_b] for h in parts]
+            hold_g = [[b.heads(h) for b in hold_b] for h in parts]
+            window_rec = {"window": layer.window, "window_weight": gamma.tolist(),
+                          "window_kl_first": wtrace[0]["kl"] if wtrace else None,
+                          "window_kl_last": wtrace[-1]["kl"] if wtrace else None}
         layer_records = []
         for g, heads in enumerate(parts):
             omega0, omega = omega_all[g], new_omega[g]
@@ -469,7 +534,7 @@ def distill_attention(
                 "run_energy_first": traces[g][0]["energy"],
                 "run_energy_last": traces[g][-1]["energy"],
                 "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
-                "n_fit": n_fit, "n_holdout": n_hold, "steps": config.steps,
+                "n_fit": n_fit, "n_holdout": n_hold, "steps": config.steps, **window_rec,
             })
             if mass is not None:
                 layer_records[-1]["ess"] = float(1 / (mass * mass).sum()) / mass.shape[0]
@@ -574,6 +639,19 @@ class _ParticlesOf:
         return torch.func.functional_call(self.embed, swap, tuple(inputs))
 
 
+class _WindowLogitsOf(_ParticlesOf):
+    """``embed(logits, (ids, mask))``: the sentence embeddings with the window logits of
+    ``layers`` replaced by ``logits`` (len(layers), H) (differentiable)."""
+
+    def __init__(self, model, layers):
+        super().__init__(model, layers)
+        self.names = [n[:-len("omega")] + "window_logit" for n in self.names]
+
+    def __call__(self, logits, inputs):
+        swap = {name: logits[j] for j, name in enumerate(self.names)}
+        return torch.func.functional_call(self.embed, swap, tuple(inputs))
+
+
 def refine_encoder(
     model: nn.Module,
     teacher: nn.Module,
@@ -586,9 +664,11 @@ def refine_encoder(
     comm=None,
     keep_trace: int = 0,
     data: dict[str, Any] | None = None,
+    window_fit: WindowFitConfig | None = None,
 ) -> dict[str, Any]:
     """Joint refinement: move the particles of all converted layers together so the converted
-    encoder's sentence embeddings match the teacher's.
+    encoder's sentence embeddings match the teacher's (hybrid layers: then their window
+    weights, by Adam on the same objective, :class:`WindowFitConfig`).
 
     After the layer-wise distillation every layer copies its own softmax rows, so the errors of
     the layers add up (each layer alone keeps an embedding cosine of 0.98-0.996 on MiniLM, all
@@ -655,9 +735,23 @@ def refine_encoder(
                               projection=projection, generator=noise, comm=comm,
                               progress="refine (all layers)" if progress else False)
         omega, trace = run.omega.reshape(omega0.shape).to(omega0.dtype), run.trace
-    after = (cos(omega, fit_b), cos(omega, hold_b))
     for j, layer in enumerate(layers):
         layer.load_features_(omega[j * G:(j + 1) * G])
+    wf = window_fit or WindowFitConfig()
+    hybrid = [layer for layer in layers if layer.window and layer.window_linear]
+    window_rec = {}
+    if hybrid and wf.refine_steps:  # the window weights, particles held
+        wterm = EmbeddingTeacher(_WindowLogitsOf(model, hybrid))
+        logit0 = torch.stack([layer.window_logit.detach() for layer in hybrid])  # (L, H)
+        logits, wtrace = adam_fit(wterm, logit0, cycle(train_b, order), wf.refine_steps,
+                                  wf.refine_lr, comm=comm, tied=False)
+        with torch.no_grad():
+            for j, layer in enumerate(hybrid):
+                layer.window_logit.copy_(logits[j].to(layer.window_logit))
+        window_rec = {"window_weight": torch.sigmoid(logits.double()).tolist(),
+                      "window_energy_first": wtrace[0]["energy"],
+                      "window_energy_last": wtrace[-1]["energy"]}
+    after = (cos(omega, fit_b), cos(omega, hold_b))
     model.train(was_training)
     record = {
         "stage": "refine", "method": config.method, "layers": len(layers),
@@ -666,7 +760,7 @@ def refine_encoder(
         "energy_first": trace[0]["energy"], "energy_last": trace[-1]["energy"],
         "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
         "n_fit": len(fit_idx), "n_refine": len(train_idx), "n_holdout": len(hold_idx),
-        "steps": config.refine_steps,
+        "steps": config.refine_steps, **window_rec,
         "time_s": time.perf_counter() - t0,
     }
     if keep_trace:

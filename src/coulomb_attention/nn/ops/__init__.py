@@ -9,7 +9,8 @@
   and the unchunked linear order (short and medium sequences);
 - :mod:`.fused`: FAVOR+ in the linear order, fused and chunked (long sequences);
 - :mod:`.workspace`: the thread-local scratch buffers of the fused path;
-- :mod:`.causal`: causal linear attention and causal FAVOR+.
+- :mod:`.causal`: causal linear attention and causal FAVOR+;
+- :mod:`.window`: sliding-window softmax plus linear attention over the rest (the hybrid).
 """
 
 from .causal import causal_favor_attention, causal_linear_attention
@@ -29,6 +30,7 @@ from .favor import (
 )
 from .linear import linear_attention
 from .reference import naive_favor_attention, naive_linear_attention, softmax_attention
+from .window import naive_window_attention, window_attention, window_masks
 from .workspace import clear_workspace
 
 __all__ = [
@@ -51,4 +53,7 @@ __all__ = [
     "quadratic_is_cheaper",
     "softmax_attention",
     "use_blocked_inference",
+    "naive_window_attention",
+    "window_attention",
+    "window_masks",
 ]
