@@ -30,6 +30,7 @@ __all__ = ["add_arguments", "run"]
 
 # for --help only (the study module imports the pipeline); tests check it against VARIANTS
 VARIANT_NAMES = ("softmax:vanilla", "favor:vanilla", "favor:teacher", "hedgehog:hedgehog",
+                 "hedgehog:teacher",
                  "favor:labels", "porf_softplus:vanilla", "porf_softplus:teacher",
                  "softmax_feat:vanilla", "softmax_feat:teacher")
 
