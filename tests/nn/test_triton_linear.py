@@ -1,9 +1,14 @@
 """The fused Triton kernels (nn/ops/triton_linear.py) against the naive twins, in Triton's
 interpreter on the CPU (``TRITON_INTERPRET=1``): values and gradients of q, k, v and omega for
 every fused map, shared and per-head omega, padding masks, lengths that are no multiple of the
-tile or of the row split, bf16 inputs, large norms, and the dispatch from KernelAttention."""
+tile or of the row split, bf16 inputs, large norms, and the dispatch from KernelAttention.
+
+On a GPU the same tests check the compiled kernels: ``COULOMB_TEST_DEVICE=cuda
+TRITON_INTERPRET=0 pytest tests/nn/test_triton_linear.py`` (experiments/gpu_fused.sh does)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -16,12 +21,23 @@ from helpers import rel_err
 
 pytest.importorskip("triton")  # tests/conftest.py sets TRITON_INTERPRET=1 before any import
 TL = pytest.importorskip("coulomb_attention.nn.ops.triton_linear")
-if not TL.interpreter_active():
+DEV = os.environ.get("COULOMB_TEST_DEVICE", "cpu")
+if DEV == "cpu" and not TL.interpreter_active():
     pytest.skip("triton was imported without TRITON_INTERPRET=1 (its interpreter is off)",
+                allow_module_level=True)
+if DEV != "cpu" and (not torch.cuda.is_available() or TL.interpreter_active()):
+    pytest.skip(f"COULOMB_TEST_DEVICE={DEV} needs CUDA and TRITON_INTERPRET=0",
                 allow_module_level=True)
 MAPS = ("favor", "porf_softplus", "softmax_feat", "hedgehog")
 CORE = {"porf_softplus": features.softplus, "softmax_feat": features.softmax,
         "hedgehog": features.hedgehog_features}
+
+
+def _fused(q, k, v, om, name="favor", mask=None, **kw):
+    """fused_kernel_attention on DEV, the result back on the CPU (gradients flow through)."""
+    out = TL.fused_kernel_attention(q.to(DEV), k.to(DEV), v.to(DEV), om.to(DEV), name,
+                                    None if mask is None else mask.to(DEV), **kw)
+    return out.cpu()
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +87,7 @@ def _grads(fn, inputs, seed=1):
 def test_values_and_gradients_match_the_naive_twin(name, groups):
     q, k, v, om = _inputs(groups=groups)
     mask = _mask(2, 29, [29, 17])
-    out, grads = _grads(lambda *t: TL.fused_kernel_attention(*t, name, mask, block_rows=16,
+    out, grads = _grads(lambda *t: _fused(*t, name, mask, block_rows=16,
                                                              split_rows=16), (q, k, v, om))
     ref, ref_grads = _grads(lambda *t: _reference(*t, name, mask), (q, k, v, om))
     assert out.dtype == torch.float32
@@ -88,7 +104,7 @@ def test_row_splits_and_tiles_do_not_change_the_result(name):
     mask = _mask(2, 70, [70, 20])
     ref = _reference(q, k, v, om, name, mask)
     for block, split in ((16, 16), (32, 48), (16, None), (64, 1 << 10)):
-        out = TL.fused_kernel_attention(q, k, v, om, name, mask, block_rows=block,
+        out = _fused(q, k, v, om, name, mask, block_rows=block,
                                         split_rows=split)
         assert rel_err(out, ref) < 1e-5, (block, split)
 
@@ -97,7 +113,7 @@ def test_bf16_inputs_accumulate_in_float32():
     q, k, v, om = _inputs(T=40, S=40, d=16, e=16, M=32, seed=4)
     ref = _reference(q, k, v, om, "favor", None)
     lo = [t.bfloat16() for t in (q, k, v)]
-    out, grads = _grads(lambda *t: TL.fused_kernel_attention(*t, om, "favor", block_rows=16),
+    out, grads = _grads(lambda *t: _fused(*t, om, "favor", block_rows=16),
                         lo)
     _, ref_grads = _grads(lambda *t: _reference(*t, om, "favor", None), (q, k, v))
     assert out.dtype == torch.bfloat16 and all(g.dtype == torch.bfloat16 for g in grads)
@@ -111,7 +127,7 @@ def test_large_norms_stay_finite_and_exact():
     """Logits in the hundreds: the per-feature key max and the query row max keep every
     exponent <= 0 (float32 exp overflows at 88)."""
     q, k, v, om = _inputs(scale=12.0, seed=5)
-    out, grads = _grads(lambda *t: TL.fused_kernel_attention(*t, "favor", block_rows=16,
+    out, grads = _grads(lambda *t: _fused(*t, "favor", block_rows=16,
                                                              split_rows=16), (q, k, v, om))
     ref, ref_grads = _grads(lambda *t: _reference(*t, "favor", None), (q, k, v, om))
     assert bool(torch.isfinite(out).all())
@@ -124,7 +140,7 @@ def test_large_norms_stay_finite_and_exact():
 def test_a_sequence_without_real_keys_gives_zero_and_zero_gradients(name):
     q, k, v, om = _inputs(seed=6)
     mask = _mask(2, 29, [29, 0])
-    out, grads = _grads(lambda *t: TL.fused_kernel_attention(*t, name, mask, block_rows=16),
+    out, grads = _grads(lambda *t: _fused(*t, name, mask, block_rows=16),
                         (q, k, v, om))
     assert bool(torch.isfinite(out).all()) and float(out[1].abs().max()) == 0.0
     ref = _reference(q, k, v, om, name, mask)
@@ -137,9 +153,9 @@ def test_padded_keys_get_no_gradient_and_padding_equals_each_sequence_alone():
     q, k, v, om = _inputs(B=2, T=21, S=21, seed=7)
     mask = _mask(2, 21, [21, 13])
     out, (_, dk, dv, _) = _grads(
-        lambda *t: TL.fused_kernel_attention(*t, "favor", mask, block_rows=16), (q, k, v, om))
+        lambda *t: _fused(*t, "favor", mask, block_rows=16), (q, k, v, om))
     assert float(dk[1, :, 13:].abs().max()) == 0.0 and float(dv[1, :, 13:].abs().max()) == 0.0
-    alone = TL.fused_kernel_attention(q[1:], k[1:, :, :13], v[1:, :, :13], om, "favor",
+    alone = _fused(q[1:], k[1:, :, :13], v[1:, :, :13], om, "favor",
                                       block_rows=16)
     assert rel_err(out[1:], alone) < 1e-6
 
@@ -152,8 +168,8 @@ def test_token_major_views_need_no_copy():
     q, k, v = (t.view(B, L, H, d).transpose(1, 2) for t in x)
     assert not q.is_contiguous()
     om = torch.randn(1, M, d, generator=g)
-    out = TL.fused_kernel_attention(q, k, v, om, "softmax_feat", block_rows=16)
-    ref = TL.fused_kernel_attention(q.contiguous(), k.contiguous(), v.contiguous(), om,
+    out = _fused(q, k, v, om, "softmax_feat", block_rows=16)
+    ref = _fused(q.contiguous(), k.contiguous(), v.contiguous(), om,
                                     "softmax_feat", block_rows=16)
     assert torch.equal(out, ref)
 
@@ -161,17 +177,17 @@ def test_token_major_views_need_no_copy():
 def test_bad_inputs_raise_clear_errors(monkeypatch):
     q, k, v, om = _inputs()
     with pytest.raises(ValueError, match="feature_map must be one of"):
-        TL.fused_kernel_attention(q, k, v, om, "rff")
+        _fused(q, k, v, om, "rff")
     with pytest.raises(ValueError, match="even for hedgehog"):
-        TL.fused_kernel_attention(q, k, v, om[:, :11], "hedgehog")
+        _fused(q, k, v, om[:, :11], "hedgehog")
     with pytest.raises(ValueError, match="power of two"):
-        TL.fused_kernel_attention(q, k, v, om, "favor", block_rows=24)
+        _fused(q, k, v, om, "favor", block_rows=24)
     with pytest.raises(ValueError, match="float32/bfloat16"):
-        TL.fused_kernel_attention(q.double(), k.double(), v.double(), om)
+        _fused(q.double(), k.double(), v.double(), om)
     monkeypatch.setattr(TL, "interpreter_active", lambda: False)
     assert not TL.fused_supported(q, k, v, om, "favor")  # CPU tensors, no interpreter
     with pytest.raises(ValueError, match="need CUDA tensors"):
-        TL.fused_kernel_attention(q, k, v, om)
+        TL.fused_kernel_attention(q, k, v, om)  # CPU tensors
 
 
 # ---------------------------------------------------------------------------- dispatch
@@ -182,7 +198,7 @@ def _layer(name, **kw):
                             generator=0, **kw)
     if name == "hedgehog":
         use_hedgehog_map_(layer)
-    return layer
+    return layer.to(DEV)
 
 
 @pytest.mark.parametrize("name", MAPS)
@@ -192,8 +208,8 @@ def test_kernel_attention_dispatches_to_the_fused_path_with_the_same_result(name
     monkeypatch.setattr(TL, "fused_kernel_attention",
                         lambda *a, **kw: calls.append(a[4]) or real(*a, **kw))
     layer = _layer(name, share_features=name != "softmax_feat")
-    x = torch.randn(2, 19, 16, generator=torch.Generator().manual_seed(9))
-    mask = _mask(2, 19, [19, 11])
+    x = torch.randn(2, 19, 16, generator=torch.Generator().manual_seed(9)).to(DEV)
+    mask = _mask(2, 19, [19, 11]).to(DEV)
     fused = layer(x, mask)
     assert calls == [name]
     layer.fused = False  # the opt-out: today's ops
@@ -205,7 +221,7 @@ def test_kernel_attention_dispatches_to_the_fused_path_with_the_same_result(name
 def test_dispatch_falls_back_where_the_kernels_do_not_apply(monkeypatch):
     calls = []
     monkeypatch.setattr(TL, "fused_kernel_attention", lambda *a, **kw: calls.append(a))
-    x = torch.randn(1, 9, 16)
+    x = torch.randn(1, 9, 16).to(DEV)
     _layer("favor", causal=True)(x)  # causal: today's prefix sums
     _layer("elu")(x)  # no particles
     layer = _layer("favor")
@@ -220,7 +236,7 @@ def test_dispatch_falls_back_where_the_kernels_do_not_apply(monkeypatch):
     from coulomb_attention.nn import dispatch
 
     monkeypatch.setattr(dispatch, "CPU_INTERPRETER", False)  # CPU: today's ops
-    _layer("favor")(x)
+    _layer("favor").cpu()(x.cpu())
     assert calls == []
 
 
@@ -229,7 +245,7 @@ def test_weighted_favor_and_trainable_omega_through_the_fused_path():
     gradient (trainable_omega) equals the unfused one."""
     from coulomb_attention.nn import trainable_omega
 
-    x = torch.randn(2, 17, 16, generator=torch.Generator().manual_seed(10))
+    x = torch.randn(2, 17, 16, generator=torch.Generator().manual_seed(10)).to(DEV)
     layer = _layer("favor").load_masses_(torch.rand(8, generator=torch.Generator()
                                                     .manual_seed(1)))
     grads = []

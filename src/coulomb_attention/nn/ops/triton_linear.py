@@ -432,8 +432,12 @@ def _splits(L: int, groups: int, block: int, split_rows: int | None) -> tuple[in
 
 
 def _precision(t: torch.Tensor) -> str:
-    """Input precision of float32 products: tf32 where torch's own matmuls use it."""
-    if t.dtype == torch.float32 and t.is_cuda and torch.backends.cuda.matmul.allow_tf32:
+    """Input precision of the products: for float32 inputs ``tf32`` where torch's own matmuls
+    use it (``torch.backends.cuda.matmul.allow_tf32``), else ``ieee``; bf16/fp16 products are
+    exact in float32 whatever the setting (Triton's default, ``tf32``, is passed)."""
+    if t.dtype != torch.float32:
+        return "tf32"
+    if t.is_cuda and torch.backends.cuda.matmul.allow_tf32:
         return "tf32"
     return "ieee"
 
@@ -557,7 +561,7 @@ def fused_kernel_attention(
     feature_map: str = "favor",
     key_mask: torch.Tensor | None = None,
     *,
-    block_rows: int = 64,
+    block_rows: int | None = None,
     split_rows: int | None = None,
 ) -> torch.Tensor:
     """Non-causal kernel attention with the features computed inside fused Triton kernels.
@@ -577,8 +581,9 @@ def fused_kernel_attention(
     feature_map : {"favor", "porf_softplus", "softmax_feat", "hedgehog"}
     key_mask : torch.Tensor of bool, shape (B, S), optional
         True = real token.
-    block_rows : int
-        Rows per tile (a power of two >= 16).
+    block_rows : int, optional
+        Rows per tile (a power of two >= 16); default 64, 32 for M > 64 (a program holds
+        (rows, M) tiles and the (M, e) sums in registers).
     split_rows : int, optional
         Rows per program of the row-split passes (default: enough programs to fill a GPU).
 
@@ -600,7 +605,10 @@ def fused_kernel_attention(
             f"hedgehog) and head dims <= {MAX_DIM}; got devices {q.device}/{omega.device}, dtypes "
             f"{q.dtype}/{k.dtype}/{v.dtype}, M = {omega.shape[1]}, d = {q.shape[-1]}, "
             f"e = {v.shape[-1]}")
-    if isinstance(block_rows, bool) or block_rows < 16 or block_rows & (block_rows - 1):
+    if block_rows is None:
+        block_rows = 64 if omega.shape[1] <= 64 else 32
+    if (isinstance(block_rows, bool) or not isinstance(block_rows, int) or block_rows < 16
+            or block_rows & (block_rows - 1)):
         raise ValueError(f"block_rows must be a power of two >= 16, got {block_rows!r}")
     if split_rows is not None and (isinstance(split_rows, bool) or split_rows <= 0):
         raise ValueError(f"split_rows must be a positive integer, got {split_rows!r}")
