@@ -3,12 +3,13 @@
 The features are computed inside the kernels from ``q``, ``k`` and ``omega`` and never written
 to memory: per (batch, head)
 
-- key pass (:func:`_key_fwd`): ``z = k w^T`` tile by tile, ``phi(z)``, accumulated into
+- key pass (:func:`_key_fwd_src`): ``z = k w^T`` tile by tile, ``phi(z)``, accumulated into
   ``phi(K)^T V`` (M, e) and ``phi(K)^T 1`` (M,) in float32; the rows are split into
-  ``n_split`` programs whose partial sums are combined by a few torch ops on (B H, n_split, M, e);
-- query pass (:func:`_query_fwd`): ``phi(q)`` of a query tile, ``out = phi(q) KV / phi(q) ks``;
-- backward: a query pass (:func:`_query_bwd`: ``dq``, ``d KV``, ``d ks``, the queries' part of
-  ``d omega``) and a key pass (:func:`_key_bwd`: ``dk``, ``dv``, the keys' part of
+  ``n_split`` programs whose partial sums one more small kernel combines
+  (:func:`_combine_src`);
+- query pass (:func:`_query_fwd_src`): ``phi(q)`` of a query tile, ``out = phi(q) KV / phi(q) ks``;
+- backward: a query pass (:func:`_query_bwd_src`: ``dq``, ``d KV``, ``d ks``, the queries' part of
+  ``d omega``) and a key pass (:func:`_key_bwd_src`: ``dk``, ``dv``, the keys' part of
   ``d omega``), recomputing the features (no ``phi`` saved either).
 
 Maps (:data:`FUSED_MAPS`), ``z = u . w_m``:
@@ -221,6 +222,40 @@ def _key_fwd_src(K, V, W, MASK, KVP, KSP, CP,
     tl.store(CP + part * M + offs_m, c, mask=col_ok)
 
 
+def _combine_src(KVP, KSP, CP, KV, KS, C, N_SPLIT, M, E,
+                 MAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Sum the per-split partials of one (batch, head) (favor: each rescaled to the common
+    per-feature max, online over the splits): grid (B H,). One launch instead of a handful of
+    torch ops (the partial sums are small; the launches are what costs at short L)."""
+    bh = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_e = tl.arange(0, BLOCK_E)
+    col_ok = offs_m < M
+    tile = col_ok[:, None] & (offs_e < E)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)
+    ks = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    c = tl.full((BLOCK_M,), _NEG_C, dtype=tl.float32)
+    for sp in range(0, N_SPLIT):
+        part = bh * N_SPLIT + sp
+        kv_p = tl.load(KVP + part * M * E + offs_m[:, None] * E + offs_e[None, :], mask=tile,
+                       other=0.0)
+        ks_p = tl.load(KSP + part * M + offs_m, mask=col_ok, other=0.0)
+        if MAP == 0:
+            c_p = tl.load(CP + part * M + offs_m, mask=col_ok, other=_NEG_C)
+            c_new = tl.maximum(c, c_p)
+            a_old = tl.exp(c - c_new)
+            a_new = tl.exp(c_p - c_new)
+            acc = acc * a_old[:, None] + kv_p * a_new[:, None]
+            ks = ks * a_old + ks_p * a_new
+            c = c_new
+        else:
+            acc += kv_p
+            ks += ks_p
+    tl.store(KV + bh * M * E + offs_m[:, None] * E + offs_e[None, :], acc, mask=tile)
+    tl.store(KS + bh * M + offs_m, ks, mask=col_ok)
+    tl.store(C + bh * M + offs_m, c, mask=col_ok)
+
+
 def _query_fwd_src(Q, W, KV, KS, C, OUT, DEN,
                    sqb, sqh, sqt, sob, soh, sot,
                    H, T, M, D, E, HALF, W_PER_HEAD,
@@ -409,7 +444,8 @@ def _kernels() -> dict:
                           "_features": triton.jit(_features_src),
                           "_features_grad": triton.jit(_features_grad_src)})
         _BUILT.update({name: triton.jit(globals()[f"_{name}_src"])
-                       for name in ("key_fwd", "query_fwd", "query_bwd", "key_bwd")})
+                       for name in ("key_fwd", "combine", "query_fwd", "query_bwd",
+                                    "key_bwd")})
     return _BUILT
 
 
@@ -442,18 +478,6 @@ def _precision(t: torch.Tensor) -> str:
     return "ieee"
 
 
-def _combine_keys(kvp, ksp, cp, favor: bool):
-    """Sum the per-split partials (G, n, M, e), (G, n, M), (G, n, M); favor rescales each split
-    to the common per-feature max first. Returns kv (G, M, e), ks (G, M), c (G, M)."""
-    if kvp.shape[1] == 1:
-        return kvp[:, 0].contiguous(), ksp[:, 0].contiguous(), cp[:, 0].contiguous()
-    if not favor:
-        return kvp.sum(1), ksp.sum(1), cp[:, 0].contiguous()
-    c = cp.amax(1)  # (G, M); _NEG where no split saw a real key
-    f = torch.exp(cp - c[:, None])  # (G, n, M); _NEG - _NEG = 0 only on zero partials
-    return (f[..., None] * kvp).sum(1), (f * ksp).sum(1), c
-
-
 class _FusedFn(torch.autograd.Function):
     """Forward: key pass, combine, query pass; backward: query pass, key pass (module
     docstring). Saves q, k, v, omega, the mask, kv (G, M, e), ks, c (G, M), out and the
@@ -484,7 +508,14 @@ class _FusedFn(torch.autograd.Function):
             ms[0], ms[1], H, S, M, D, E, rows, half, per_head,
             MAP=map_id, HAS_MASK=mask is not None, PREC=prec, BLOCK_S=block_rows,
             BLOCK_M=BM, BLOCK_D=BD, BLOCK_E=BE, num_warps=warps)
-        kv, ks, c = _combine_keys(kvp, ksp, cp, map_id == 0)
+        if n_split == 1:
+            kv, ks, c = kvp[:, 0], ksp[:, 0], cp[:, 0]  # contiguous views
+        else:
+            kv = torch.empty(G, M, E, device=dev, dtype=torch.float32)
+            ks = torch.empty(G, M, device=dev, dtype=torch.float32)
+            c = torch.empty(G, M, device=dev, dtype=torch.float32)
+            kern["combine"][(G,)](kvp, ksp, cp, kv, ks, c, n_split, M, E, MAP=map_id,
+                                  BLOCK_M=BM, BLOCK_E=BE, num_warps=warps)
         out = torch.empty(B, H, T, E, device=dev, dtype=v.dtype)
         den = torch.empty(G, T, device=dev, dtype=torch.float32)
         kern["query_fwd"][(G, triton.cdiv(T, block_rows))](
