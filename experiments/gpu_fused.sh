@@ -5,7 +5,7 @@
 #   OUT=/path/to/results bash experiments/gpu_fused.sh
 #
 # 1. the compiled kernels against the naive twins (values, gradients, masks, bf16) on the GPU:
-#    tests/nn/test_triton_linear.py with COULOMB_TEST_DEVICE=cuda (~100 s, mostly compiling);
+#    tests/nn/test_triton_linear.py with COULOMB_TEST_DEVICE=cuda (<= 120 s, mostly compiling);
 # 2. op level: bench attention --device cuda: fused/favor, today's ops, SDPA (flash for bf16),
 #    fla's causal kernels where installed; bf16 and float32; L 128..16384; B H = 32, d = 64,
 #    M = 64; bandwidth of the fused path against the measured copy bandwidth ($OUT/op/);
@@ -49,22 +49,22 @@ if torch.cuda.is_available():
     print("gpu", torch.cuda.get_device_name(0), "tf32 matmul", torch.backends.cuda.matmul.allow_tf32)
 PYEOF
 cat "$OUT/env.txt"
-COULOMB_TEST_DEVICE=cuda step kernels_vs_naive 100 "$PY" -m pytest -q -p no:cacheprovider \
+COULOMB_TEST_DEVICE=cuda step kernels_vs_naive 120 "$PY" -m pytest -q -p no:cacheprovider \
   tests/nn/test_triton_linear.py
 # shellcheck disable=SC2086
-step op_level 180 "$PY" -m coulomb_attention.cli bench attention --device cuda --lengths $LENGTHS \
+step op_level 160 "$PY" -m coulomb_attention.cli bench attention --device cuda --lengths $LENGTHS \
   --dtypes bfloat16 float32 --batch-heads 32 --heads 4 --head-dim 64 --features 64 \
-  --repeats 10 --time-budget 150 --out "$OUT/op"
+  --repeats 10 --time-budget 130 --out "$OUT/op"
 MAXPOS=$(printf '%s\n' $ENC_LENGTHS | sort -n | tail -1)
 for dtype in $ENC_DTYPES; do
   for mode in today fused; do
     extra=""; [ "$mode" = fused ] && extra="--fused"
     # shellcheck disable=SC2086
-    step "encoder_${dtype}_$mode" 45 "$PY" -m coulomb_attention.cli bench encoder --random-init \
+    step "encoder_${dtype}_$mode" 40 "$PY" -m coulomb_attention.cli bench encoder --random-init \
       --device cuda --dtype "$dtype" --lengths $ENC_LENGTHS --max-positions "$MAXPOS" \
       --batch-size "$BATCH" --repeats 3 $extra --out "$OUT/encoder_${dtype}_$mode.json"
   done
 done
-step report 30 "$PY" experiments/gpu_fused_report.py "$OUT"
+step report 20 "$PY" experiments/gpu_fused_report.py "$OUT"
 cat "$OUT/status.txt"
 [ -f "$OUT/summary.md" ] && cat "$OUT/summary.md"
