@@ -138,3 +138,26 @@ def test_random_init_window_hybrid_rows(tiny_dir, tmp_path, capsys):
     rc = main(["bench", "encoder", str(tiny_dir), "--window", "4"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "--random-init" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("feature_map", ["favor", "softmax_feat"])
+def test_fused_attention_gives_the_remote_codes_outputs(tiny_dir, tmp_path, feature_map):
+    """use_fused_attention_ (bench encoder --fused) swaps the attention op only: the same
+    hidden states, padded batch included (the kernels in Triton's interpreter)."""
+    TL = pytest.importorskip("coulomb_attention.nn.ops.triton_linear")
+    if not TL.interpreter_active():
+        pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1 before triton's import)")
+    d = tmp_path / "export"
+    shutil.copytree(tiny_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "feature_map": feature_map}))
+    conv, _ = es.random_models(d)
+    ids = torch.randint(5, 50, (2, 13), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0
+    with torch.no_grad():
+        ref = conv(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert es.use_fused_attention_(conv) == TINY["num_hidden_layers"]
+        out = conv(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert torch.allclose(out[0], ref[0], atol=1e-5) and torch.allclose(out[1, :9], ref[1, :9],
+                                                                        atol=1e-5)

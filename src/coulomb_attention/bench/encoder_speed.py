@@ -234,6 +234,35 @@ def random_models(hf_dir: str | os.PathLike | None = None, *, max_positions: int
     return converted, original
 
 
+def use_fused_attention_(model) -> int:
+    """Route every self-attention of a remote-code model (:func:`random_models`' converted
+    encoder) through :func:`coulomb_attention.nn.ops.triton_linear.fused_kernel_attention`
+    (an instance attribute ``forward``; the module and its weights are unchanged): the heads
+    are strided views of the token-major projections, queries and keys scaled by
+    ``head_dim**-0.25`` as in the remote code. Returns the number of layers switched."""
+    from ..nn.ops.triton_linear import fused_kernel_attention
+
+    n = 0
+    for layer in model.encoder.layer:
+        sa = layer.attention.self
+
+        def forward(x, key_mask, sa=sa):
+            B, T, _ = x.shape
+            H, dh = sa.heads, sa.head_dim
+            s = dh ** -0.25
+
+            def split(t):  # (B, H, T, dh), a view of (B, T, H dh)
+                return t.view(B, T, H, dh).transpose(1, 2)
+
+            out = fused_kernel_attention(split(sa.query(x) * s), split(sa.key(x) * s),
+                                         split(sa.value(x)), sa.omega, sa.feature_map, key_mask)
+            return out.transpose(1, 2).reshape(B, T, H * dh)
+
+        sa.forward = forward
+        n += 1
+    return n
+
+
 def _is_oom(exc: BaseException) -> bool:
     import torch
 
@@ -254,10 +283,14 @@ def random_encoder_speed(
     n_features: int | None = None,
     seed: int = 0,
     window: int | None = None,
+    fused: bool = False,
 ) -> list[dict[str, Any]]:
     """Sentences per second of the converted and the original architecture with random
     weights (:func:`random_models`), ``repeats`` interleaved batches per length after a
     warm-up, under ``torch.inference_mode``, CUDA synchronised around every batch.
+
+    ``fused``: the converted encoder's attention through the fused Triton kernels
+    (:func:`use_fused_attention_`; CUDA tensors, or the interpreter).
 
     A length that runs out of device memory is retried at half the batch (down to 1); each
     row states the batch it ran at (``batch_size``) and the one asked for
@@ -267,7 +300,7 @@ def random_encoder_speed(
     -------
     list of dict
         The rows of :func:`encoder_speed` plus ``dtype``, ``max_positions``, ``n_features``,
-        ``random_init`` (True) and ``batch_size_asked``.
+        ``random_init`` (True), ``fused`` and ``batch_size_asked``.
     """
     import torch
 
@@ -290,6 +323,11 @@ def random_encoder_speed(
     tdtype = getattr(torch, dtype)
     conv = conv.to(device=device, dtype=tdtype)
     orig = orig.to(device=device, dtype=tdtype)
+    if fused:
+        if getattr(conv.config, "window", 0):
+            raise ValueError("--fused covers the pure linear encoder, not the window hybrid "
+                             "(its softmax window has no fused kernel)")
+        use_fused_attention_(conv)
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     gen = torch.Generator().manual_seed(seed)
@@ -313,7 +351,8 @@ def random_encoder_speed(
                      "dtype": dtype, "max_positions": limit,
                      "n_features": int(conv.config.n_features),
                      "feature_map": conv.config.feature_map, "random_init": True,
-                     "window": int(getattr(conv.config, "window", 0) or 0)})
+                     "window": int(getattr(conv.config, "window", 0) or 0),
+                     "fused": bool(fused)})
     return rows
 
 

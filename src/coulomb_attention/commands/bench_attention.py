@@ -3,6 +3,9 @@
 Flags -> :class:`~coulomb_attention.bench.attention.AttentionBenchConfig` ->
 :func:`~coulomb_attention.bench.attention.run_benchmark` (or ``run_short`` with ``--short``);
 see that module for the methods, the FLOP model and how time and memory are measured.
+``--device cuda``: the GPU benchmark instead (fused Triton kernels against flash SDPA, bf16
+and float32, :func:`~coulomb_attention.bench.attention_gpu.run_gpu_benchmark`); without a
+CUDA device it exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -44,6 +47,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="short-sequence grid of sentence tasks instead (B in {1, 32}, "
                              "L = 16..512, classifier and MiniLM shapes, M in {16, 64}; "
                              "--lengths/--features/--heads/--head-dim/--batch are ignored)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu (default) or cuda: the GPU benchmark (fused kernels, SDPA "
+                             "flash, fla; --dtypes, --batch-heads, --maps, --time-budget)")
+    list_arg(parser, "--dtypes", help="GPU: dtypes (default bfloat16 float32)")
+    parser.add_argument("--batch-heads", type=int, default=32, help="GPU: B * H (default 32)")
+    list_arg(parser, "--maps", help="GPU: fused maps to time (default favor)")
+    parser.add_argument("--no-fla", action="store_true",
+                        help="GPU: leave flash-linear-attention out even if installed")
+    parser.add_argument("--time-budget", type=float, default=400.0,
+                        help="GPU: seconds; lengths left when it is spent are skipped")
     parser.add_argument("--out", default=None,
                         help="output directory (default runs/bench_attention, with --short "
                              "runs/bench_attention_short)")
@@ -54,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench.attention import AttentionBenchConfig, run_benchmark, run_short
 
+    if args.device != "cpu":
+        return _run_gpu(args)
     if args.quick:
         fill(args, QUICK)
     fill(args, DEFAULTS)
@@ -72,4 +87,23 @@ def run(args: argparse.Namespace) -> int:
         run_benchmark(cfg, out, log=log)
         print(f"wrote {out}/results.jsonl, results.csv, table.md, summary.json, "
               "bench_attention.png")
+    return 0
+
+
+def _run_gpu(args: argparse.Namespace) -> int:
+    from ..bench.attention_gpu import GpuAttentionBenchConfig, require_device, run_gpu_benchmark
+
+    require_device(args.device)
+    if args.quick:
+        fill(args, {"lengths": [512, 2048, 8192], "repeats": 3})
+    fill(args, {"lengths": DEFAULTS["lengths"], "repeats": 10, "features": [64]})
+    cfg = GpuAttentionBenchConfig(
+        lengths=tuple(args.lengths), dtypes=tuple(args.dtypes or ("bfloat16", "float32")),
+        maps=tuple(args.maps or ("favor",)), batch_heads=args.batch_heads, heads=args.heads,
+        head_dim=args.head_dim, n_features=args.features[0], repeats=args.repeats,
+        device=args.device, no_performer=args.no_performer, no_fla=args.no_fla,
+        budget_s=args.time_budget)
+    out = Path(args.out or "runs/bench_attention_gpu")
+    run_gpu_benchmark(cfg, out, log=lambda m: print(m, flush=True))
+    print(f"wrote {out}/results.json, results.csv, table.md, bench_attention_gpu.png")
     return 0

@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=None,
                    help="the sliding-window hybrid with this W (--random-init only; an export "
                         "of `convert --window` carries its own)")
+    p.add_argument("--fused", action="store_true",
+                   help="the converted encoder's attention through the fused Triton kernels "
+                        "(--random-init, CUDA; coulomb_attention.nn.ops.triton_linear)")
     p.add_argument("--out", default=None,
                    help="JSON file for the rows (.csv and .md written beside it)")
 
@@ -51,18 +54,25 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench import encoder_speed as es
+    from ..bench.attention_gpu import require_device
     from ..results import atomic_write_json, atomic_write_text
+
+    require_device(args.device)
+    if args.fused and not args.random_init:
+        raise ValueError("--fused needs --random-init")
 
     torch.set_num_threads(max(1, args.threads))
     if args.random_init:
         rows = es.random_encoder_speed(args.lengths, args.hf_dir, batch_size=args.batch_size,
                                        repeats=args.repeats, device=args.device,
                                        dtype=args.dtype, max_positions=args.max_positions,
-                                       n_features=args.n_features, window=args.window)
+                                       n_features=args.n_features, window=args.window,
+                                       fused=args.fused)
         r0 = rows[0]
         caption = (f"random weights (speed only: no pretrained encoder; position table "
                    f"{r0['max_positions']}), {r0['feature_map']} M = {r0['n_features']}"
-                   + (f" + window {r0['window']}" if r0.get("window") else "") + ", "
+                   + (f" + window {r0['window']}" if r0.get("window") else "")
+                   + (" (fused Triton kernels)" if r0.get("fused") else "") + ", "
                    f"{r0['device']}, {r0['dtype']}, {r0['threads']} thread(s), median of "
                    f"{r0['repeats']} interleaved repeats")
     else:

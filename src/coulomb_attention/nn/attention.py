@@ -33,6 +33,7 @@ from torch import nn
 from .. import features
 from .._validation import check_choice, check_positive, torch_generator
 from . import functional as AF
+from .dispatch import fused_attend
 
 __all__ = ["ATTENTION_FEATURES", "HEDGEHOG", "AttentionFeature", "KernelAttention",
            "trainable_omega", "use_hedgehog_map_"]
@@ -456,6 +457,9 @@ class KernelAttention(nn.Module):
     #: ``"linear"`` or ``"chunked"`` (linear, always the fused chunked path); set it on an
     #: instance (``layer.order = "linear"``) to override.
     order: str = "auto"
+    #: Use the fused Triton kernels where they apply (:mod:`.dispatch`: non-causal, CUDA,
+    #: Triton installed); ``layer.fused = False`` keeps today's ops.
+    fused: bool = True
 
     def attend(
         self,
@@ -472,6 +476,9 @@ class KernelAttention(nn.Module):
         name = self.feature_map
         if name == "none":  # the no-mixing control: each position's output is its own value
             return v
+        out = fused_attend(self, q, k, v, mask)  # the GPU kernels, or None: today's ops
+        if out is not None:
+            return out
         if name == "favor":
             fn = AF.causal_favor_attention if self.causal else AF.favor_attention
             if self.mass is not None:
