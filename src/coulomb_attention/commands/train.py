@@ -154,11 +154,9 @@ def setup_runtime(args) -> Runtime:
 def conversion_for(config: RunConfig, args: argparse.Namespace, runtime: Runtime):
     """Phase A of a pretrained encoder with the teacher objective: the cached conversion
     directory (rank 0 converts, the other processes then reuse it); else None."""
-    from ..train.run import converted_particles
+    from ..train.run import needs_conversion
 
-    if not (config.encoder != "scratch" and config.kernel == "learned"
-            and config.objective == "teacher") or converted_particles(config.encoder,
-                                                                       config.attention):
+    if not needs_conversion(config):
         return None
     from ..convert import cached_conversion, conversion_of_run
 

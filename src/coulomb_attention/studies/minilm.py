@@ -31,7 +31,7 @@ from typing import Any
 
 from ..config import to_dict
 from ..results import atomic_write_text, is_done
-from ..train.run import RESOLVED_KEYS, RunConfig, checkpoint_config
+from ..train.run import RESOLVED_KEYS, RunConfig, checkpoint_config, needs_conversion
 from ..train.run import run as run_pipeline
 
 __all__ = ["KERNELS", "VARIANTS", "compare", "parse_variant", "row_of", "table"]
@@ -141,7 +141,7 @@ def compare(tasks: Sequence[str], variants: Sequence[tuple[str, str]],
                     log(f"[{task}/{attention}:{kernel}/s{cfg.seed}] reused {run_dir}")
                 else:
                     converted = None
-                    if cfg.kernel == "learned" and cfg.objective == "teacher":
+                    if needs_conversion(cfg):
                         with runtime.main_process_first():
                             converted = cached_conversion(
                                 conversion_of_run(cfg), cache, data_dir=data_dir,

@@ -60,7 +60,9 @@ __all__ = [
     "DataConfig",
     "RunConfig",
     "checkpoint_config",
+    "converted_particles",
     "make_run_config",
+    "needs_conversion",
     "resume_point",
     "run",
     "warmup_config",
@@ -276,6 +278,15 @@ def converted_particles(encoder: str, attention: str) -> bool:
     return saved is not None and saved.get("attention") == attention
 
 
+def needs_conversion(config: RunConfig) -> bool:
+    """Whether phase A of ``config`` is a conversion still to be made (or reused from the
+    cache): a pretrained encoder, learned particles by the teacher objective, and an encoder
+    that does not already carry converted ``config.attention`` particles."""
+    return (config.encoder != "scratch" and config.kernel == "learned"
+            and config.objective == "teacher"
+            and not converted_particles(config.encoder, config.attention))
+
+
 def _build_model(config: RunConfig, tokenizer, num_labels: int, source: Path | None = None):
     """The model and the config with its data-dependent fields resolved; ``source`` (a
     converted checkpoint) replaces a pretrained ``config.encoder`` as the weights."""
@@ -365,7 +376,7 @@ def _conversion(config: RunConfig, converted: str | Path | None) -> dict[str, An
                          "--kernel learned to fine-tune them, or the original encoder for "
                          "fresh (vanilla) ones")
     if converted is None:
-        if route and not converted_particles(config.encoder, config.attention):
+        if needs_conversion(config):
             raise ValueError("phase A of a pretrained encoder with the teacher objective is "
                              "the conversion: pass its directory (converted=; the train and "
                              "minilm commands make it, cached, with --convert-cache)")
