@@ -1,0 +1,217 @@
+"""Every number the README and docs/results.md quote is read back from a committed result file.
+
+Each :data:`QUOTES` entry names a document, the exact text it quotes and where the value lives
+(a cell of a Markdown table line, or a JSON key path); the test formats the file's value the
+way the document does and compares. A second test fails on any decimal number or percentage
+in those documents (outside code blocks) that no entry checks, so a new measurement cannot be
+added unchecked and an old one cannot drift. Parameters (a lambda, a noise level) are listed
+in :data:`PARAMETERS`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "results"
+DOCS = ("README.md", "docs/results.md")
+NUMBER = re.compile(r"(?<![\w.\-+])[-+]?\d+\.\d+%?(?![\w.]*\d)|(?<![\w.])\d+%")
+CELL_NUMBER = re.compile(r"[-+]?\d+\.\d+")
+INTEGER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+@cache
+def _lines(path: str) -> list[str]:
+    return (RESULTS / path).read_text().splitlines()
+
+
+def md(path: str, *needles: str, after: str | None = None, cell: int | None = None,
+       k: int = 0, integers: bool = False) -> Callable[[], float]:
+    """The ``k``-th number of the first line of ``docs/results/path`` (after the first line
+    holding ``after``) that holds every needle; of its ``|``-cell ``cell`` when given (1 = the
+    first column of a Markdown table)."""
+    def read() -> float:
+        lines = _lines(path)
+        if after is not None:
+            lines = lines[next(i for i, line in enumerate(lines) if after in line):]
+        line = next((x for x in lines if all(n in x for n in needles)), None)
+        assert line is not None, f"no line of {path} holds {needles}"
+        text = line.split("|")[cell] if cell is not None else line
+        return float((INTEGER if integers else CELL_NUMBER).findall(text)[k])
+    return read
+
+
+def js(path: str, *keys: str | int) -> Callable[[], float]:
+    """The value at ``keys`` in the JSON file ``docs/results/path``."""
+    def read() -> float:
+        value = json.loads((RESULTS / path).read_text())
+        for key in keys:
+            value = value[key]
+        return float(value)
+    return read
+
+
+def interval(read_line: Callable[[int], Callable[[], float]]) -> list[Callable[[], float]]:
+    return [read_line(0), read_line(1), read_line(2)]
+
+
+R = "docs/results.md"
+ME = "README.md"
+SYN = "ablation_synthetic/summary.md"
+DEV = "ablation_mqar_device/summary.md"
+HARD = "ablation_mqar_hard_local/summary.md"
+REC = "recall/summary.md"
+FMAP = "convert/feature_map/{}/result.json"
+MINI = "minilm_finetune/report.json"
+MINI_MD = "minilm_finetune/report.md"
+SUITE = "transformer_suite/report.md"
+NONE = "control_none/summary.md"
+BENCH = "bench_attention/summary.json"
+BENCH_MD = "bench_attention/table.md"
+
+F3, S3, F4, S4, PCT = "{:.3f}", "{:+.3f}", "{:.4f}", "{:+.4f}", "{:.0f}%"
+
+
+def _paired(doc: str, path: str, text: str, *needles: str, fmt: str = S3,
+            after: str | None = None, cell: int | None = None) -> list[tuple]:
+    """Three quotes for ``mean [lo, hi]`` written as ``text``."""
+    parts = CELL_NUMBER.findall(text)
+    return [(doc, p, md(path, *needles, after=after, cell=cell, k=i), fmt)
+            for i, p in enumerate(parts)]
+
+
+def _minilm(variant: str, metric: str, task: str = "sst2") -> Callable[[], float]:
+    return js(MINI, "summary", task, "variants", variant, metric, 0)
+
+
+def _bench_ratio(pick: Callable[[list[float]], float]) -> Callable[[], float]:
+    def read() -> float:
+        return pick([t["ratio"] for t in json.loads((RESULTS / BENCH).read_text())
+                     ["targets"]["linear"]])
+    return read
+
+
+QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
+    # synthetic ablation, n = 200, M = 64 (column 5 of the accuracy table)
+    (R, "0.581", md(SYN, "| fixed |", cell=5), F3),
+    (R, "0.622", md(SYN, "| importance |", cell=5), F3),
+    (R, "0.684", md(SYN, "| gradient (Adam) |", cell=5), F3),
+    (R, "0.687", md(SYN, "| coulomb l=0.01 |", cell=5), F3),
+    *_paired(R, SYN, "-0.000 [-0.002, +0.001]", "| coulomb l=0.01 - gradient (drift) |", cell=7),
+    *_paired(R, SYN, "-0.008 [-0.012, -0.003]", "| coulomb l=0.1 - gradient (drift) |", cell=7),
+    *_paired(R, SYN, "+0.001 [-0.004, +0.006]", "| langevin b=1e3 - gradient (drift) |", cell=7),
+    # MQAR teacher route (device table): columns fixed=3, gradient=4; paired table after "Paired"
+    (R, "0.926", md(DEV, "| easy/favor | 64 |", cell=3), F3),
+    (R, "0.975", md(DEV, "| easy/favor | 64 |", cell=4), F3),
+    (R, "0.717", md(DEV, "| hard/favor | 64 |", cell=3), F3),
+    (R, "0.892", md(DEV, "| hard/favor | 64 |", cell=4), F3),
+    *_paired(R, DEV, "+0.049 [+0.039, +0.058]", "| easy/favor | 64 |", after="Paired", cell=3),
+    *_paired(R, DEV, "-0.001 [-0.008, +0.006]", "| easy/favor | 64 |", after="Paired", cell=4),
+    *_paired(R, DEV, "+0.008 [+0.002, +0.014]", "| easy/favor | 64 |", after="Paired", cell=8),
+    *_paired(R, DEV, "-0.145 [-0.160, -0.131]", "| easy/favor | 16 |", after="Paired", cell=9),
+    *_paired(R, DEV, "+0.005 [-0.010, +0.019]", "| hard/favor | 64 |", after="Paired", cell=5),
+    *_paired(R, HARD, "+0.008 [+0.003, +0.013]", "| hard/favor | 16 |", after="Paired", cell=5),
+    *_paired(R, HARD, "+0.011 [+0.005, +0.017]", "| hard/favor | 32 |", after="Paired", cell=5),
+    *_paired(R, HARD, "+0.004 [+0.001, +0.007]", "| hard/favor | 128 |", after="Paired", cell=5),
+    # MQAR token-pair route
+    (R, "0.998", md(REC, "| softmax | - |", cell=3), F3),
+    *_paired(R, REC, "+0.329 [+0.126, +0.532]", "favor: learned M=64 minus vanilla M=64"),
+    *_paired(R, REC, "+0.229 [-0.272, +0.730]", "softmax_feat: learned M=64 minus vanilla M=64"),
+    # conversion rows (held-out cosine)
+    (R, "0.9625", js(FMAP.format("favor_particles_s0"), "fidelity", "cos_mean"), F4),
+    (R, "0.9681", js(FMAP.format("favor_hedgehog_s0"), "fidelity", "cos_mean"), F4),
+    (R, "0.9717", js(FMAP.format("hedgehog_particles_s0"), "fidelity", "cos_mean"), F4),
+    (R, "0.9732", js(FMAP.format("hedgehog_particles_s1"), "fidelity", "cos_mean"), F4),
+    (R, "0.9911", js(FMAP.format("hedgehog_particles_w16_s0"), "fidelity", "cos_mean"), F4),
+    (R, "0.8265", js(FMAP.format("window_alone_w16_s0"), "fidelity", "cos_mean"), F4),
+    (R, "0.63", md("convert/feature_map/speed_w16.md", "| 512 | 32 |", cell=6), "{:.2f}"),
+    # from-scratch classifiers
+    *_paired(R, NONE, "+0.0119 [-0.0039, +0.0277]", "- SST-2", fmt=S4),
+    *_paired(R, NONE, "+0.0158 [+0.0052, +0.0263]", "- Rotten Tomatoes", fmt=S4),
+    *_paired(R, NONE, "+0.0000 [-0.0054, +0.0055]", "- QQP", fmt=S4),
+    *_paired(R, SUITE, "+0.0010 [-0.0015, +0.0036]", "| favor | 5 |", after="## qqp", cell=3,
+             fmt=S4),
+    # attention speed
+    (R, "49%", md(BENCH_MD, "| 16384 | favor_fused | 64 |", cell=9, integers=True), PCT),
+    (R, "64%", md(BENCH_MD, "| 16384 | favor_fused | 128 |", cell=9, integers=True), PCT),
+    (R, "69%", md(BENCH_MD, "| 16384 | favor_fused | 256 |", cell=9, integers=True), PCT),
+    (R, "5.15", _bench_ratio(min), "{:.2f}"),
+    (R, "8.17", _bench_ratio(max), "{:.2f}"),
+]
+
+# the fine-tuned MiniLM table and its paired differences (docs/results.md and the README)
+_MINILM_ROWS = {"softmax:vanilla": "softmax MiniLM", "favor:vanilla": "FAVOR+ fixed",
+                "favor:teacher": "FAVOR+ learned (teacher)", "hedgehog:hedgehog": "Hedgehog's map"}
+_MINILM_COLS = ("accuracy", "ece", "log_loss", "brier", "advglue_accuracy")
+
+
+def _minilm_quotes() -> list[tuple]:
+    text = (REPO / R).read_text()
+    out = []
+    for variant, label in _MINILM_ROWS.items():
+        line = next((x for x in text.splitlines() if x.startswith(f"| {label} |")), None)
+        assert line is not None, f"docs/results.md has no MiniLM row {label!r}"
+        cells = [c.strip() for c in line.split("|")[2:2 + len(_MINILM_COLS)]]
+        out += [(R, cell, _minilm(variant, metric), F3)
+                for cell, metric in zip(cells, _MINILM_COLS, strict=True)]
+    return out
+
+
+QUOTES += [
+    *_paired(R, MINI_MD, "+0.0470 [+0.0272, +0.0668]", "| favor:teacher - favor:vanilla | accuracy",
+             fmt=S4),
+    *_paired(R, MINI_MD, "-0.0192 [-0.0393, +0.0009]",
+             "| favor:teacher - softmax:vanilla | accuracy", fmt=S4),
+    *_paired(R, MINI_MD, "-0.0138 [-0.0250, -0.0025]",
+             "| favor:teacher - hedgehog:hedgehog | accuracy", fmt=S4),
+]
+
+# numbers that are settings, not measurements
+PARAMETERS = {R: {"0.01", "0.1", "95%"}, ME: {"0.01", "0.5"}}
+
+
+def _prose(doc: str) -> str:
+    """The document without its fenced code blocks and link targets."""
+    text = re.sub(r"```.*?```", "", (REPO / doc).read_text(), flags=re.S)
+    return re.sub(r"\]\([^)]*\)", "]", text)
+
+
+def _all_quotes() -> list[tuple]:
+    return QUOTES + _minilm_quotes()
+
+
+def _ids() -> list[str]:
+    return [f"{d}:{t}" for d, t, _, _ in QUOTES]
+
+
+@pytest.mark.parametrize(("doc", "text", "read", "fmt"), QUOTES, ids=_ids())
+def test_quote_matches_its_result_file(doc, text, read, fmt):
+    value = read()
+    assert fmt.format(value) == text, f"{doc} quotes {text}, the file has {value}"
+    assert text in NUMBER.findall(_prose(doc)), f"{doc} no longer quotes {text}"
+
+
+def test_minilm_table_matches_the_report():
+    for doc, text, read, fmt in _minilm_quotes():
+        assert fmt.format(read()) == text, f"{doc}: MiniLM cell {text} vs file {read()}"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_quoted_number_is_checked(doc):
+    checked = {t for d, t, _, _ in _all_quotes() if d == doc} | PARAMETERS.get(doc, set())
+    unchecked = sorted(set(NUMBER.findall(_prose(doc))) - checked)
+    assert not unchecked, (f"{doc} quotes numbers no test reads from a result file: {unchecked} "
+                           f"(add them to tests/test_docs_figures.py QUOTES)")
+
+
+def test_the_checker_catches_drift():
+    """A quote whose file value differs, and a number nobody checks, both fail."""
+    read = md(SYN, "| fixed |", cell=5)
+    assert F3.format(read()) != "0.580"
+    assert set(NUMBER.findall("accuracy 0.812 and 7% with M = 64")) == {"0.812", "7%"}
