@@ -64,3 +64,13 @@ def test_write_report_files_and_missing_results(tmp_path):
     assert "favor:teacher - favor:vanilla" in text and "sst2" in text
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["targets"] and "sst2" in saved["summary"]
+
+
+def test_one_seed_writes_null_intervals(tmp_path):
+    """One seed has no interval: report.json holds null there (it used to refuse NaN and the
+    whole `minilm compare` of a single new seed ended in an error after its runs)."""
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(1)))
+    write_report(tmp_path)
+    acc = json.loads((tmp_path / "report.json").read_text())["summary"]["sst2"]["variants"][
+        "softmax:vanilla"]["accuracy"]
+    assert acc[0] == pytest.approx(0.90) and acc[1] is None and acc[2] is None and acc[3] == 1

@@ -213,14 +213,25 @@ def _plot(task, s, path: Path) -> None:
     plt.close(fig)
 
 
+def _nan_to_none(obj):
+    """JSON has no NaN: an interval that does not exist (one seed) is written as null."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _nan_to_none(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_nan_to_none(v) for v in obj]
+    return obj
+
+
 def write_report(out: str | Path) -> list[Path]:
     """``out/report.md``, ``out/report.json`` and one plot per task from ``out/results.jsonl``."""
     out = Path(out)
     summary = summarise(load_rows(out))
     checks = targets(summary)
     atomic_write_text(out / "report.md", _markdown(summary, checks))
-    atomic_write_json(out / "report.json", {"summary": json.loads(json.dumps(
-        summary, default=list)), "targets": checks})
+    atomic_write_json(out / "report.json", {"summary": _nan_to_none(json.loads(json.dumps(
+        summary, default=list))), "targets": checks})
     paths = [out / "report.md", out / "report.json"]
     for task, s in summary.items():
         _plot(task, s, out / f"{task}.png")
