@@ -219,3 +219,24 @@ def test_convert_flag_tables_match_the_configs():
     assert cfg.n_features == default.n_features and cfg.encoder == default.encoder
     assert cfg.distill.lam == default.distill.lam == DistillConfig().lam
     assert cfg.distill.refine_eta_end == pytest.approx(cfg.distill.refine_eta / 10)
+
+
+def test_convert_help_prints_the_configs_real_defaults():
+    from coulomb_attention import convert as conv
+    from coulomb_attention.commands import convert as cmd
+    from coulomb_attention.train.distill import DistillConfig
+    from coulomb_attention.train.finish import FinishConfig
+
+    for name, config, flags in (("convert", conv.ConvertConfig(), cmd.CONVERT_FLAGS),
+                                ("distill", DistillConfig(), cmd.DISTILL_FLAGS),
+                                ("finish", FinishConfig(rank=1), cmd.LORA_FLAGS)):
+        copy = cmd.HELP_DEFAULTS[name]
+        assert set(copy) == set(flags.values()), name
+        for field, value in copy.items():
+            assert getattr(config, field) == value, f"{name}.{field}"
+    parser = argparse.ArgumentParser()
+    cmd.add_arguments(parser)
+    text = parser.format_help()
+    assert "Config's" not in text
+    assert "(default: 150)" in text and "(default: sst2 rotten_tomatoes qqp)" in text
+    assert "(default: runs/convert)" in text

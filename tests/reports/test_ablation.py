@@ -68,8 +68,15 @@ def test_paired_differences_equal_a_hand_computation():
     mean, lo, hi = _by_hand([0.73, 0.71, 0.76, 0.72], [0.50, 0.52, 0.47, 0.51])
     assert (row["mean"], row["low"], row["high"], row["n"]) == pytest.approx((mean, lo, hi, 4))
     # against hedgehog too, and never a label against itself
-    row = next(r for r in rows if r["reference"] == "hedgehog" and r["label"] == "gradient")
-    assert row["ahead"] == 2 and row["n"] == 3  # seeds 0 and 2 ahead, seed 1 behind
+    row = next(r for r in rows if r["reference"] == "hedgehog" and r["label"] == "coulomb"
+               "(beta=1e+06, lam=0.1)")
+    assert row["ahead"] == 4 and row["n"] == 4
+    # two references differ once (the later one minus the earlier in VARIANTS order)
+    row = next(r for r in rows if r["reference"] == "gradient" and r["label"] == "hedgehog")
+    assert row["ahead"] == 1 and row["n"] == 3  # seed 1 ahead, seeds 0 and 2 behind
+    pairs = [frozenset((r["label"], r["reference"])) for r in rows]
+    assert len(pairs) == len(set(pairs))
+    assert not any(r["label"] == "gradient" and r["reference"] == "hedgehog" for r in rows)
     assert not any(r["label"] == r["reference"] for r in rows)
 
 
@@ -82,6 +89,27 @@ def test_verdict_is_yes_only_when_the_interval_is_above_zero():
     worse = [dict(r, score=r["score"] - (0.05 if r["variant"] == "coulomb" else 0))
              for r in _records()]
     assert ": no " in verdicts(worse)[0]
+
+
+def test_no_verdict_below_three_seeds(tmp_path):
+    two = [r for r in _records() if r["seed"] in (0, 1)]
+    assert verdicts(two) == []
+    with open(tmp_path / "records.jsonl", "w") as f:
+        for r in two:
+            f.write(json.dumps(r) + "\n")
+    text = write_ablation_report(tmp_path, plots=False).read_text()
+    assert "Coulomb beats gradient" not in text and "3 or more seeds" in text
+
+
+def test_error_bars_stay_in_the_metric_range():
+    from coulomb_attention.reports.ablation import error_bars
+
+    stats_ = [(0.98, 0.93, 1.03, 2), (0.5, 0.4, 0.6, 3), (0.7, math.nan, math.nan, 1)]
+    below, above = error_bars(stats_, "accuracy")
+    assert below == pytest.approx([0.05, 0.1, 0.0])
+    assert above == pytest.approx([0.02, 0.1, 0.0])  # 0.98 + 0.02 = 1: clipped at 1
+    below, above = error_bars(stats_, "unknown")
+    assert above[0] == pytest.approx(0.05)
 
 
 def test_tables_and_report_files(tmp_path):

@@ -52,6 +52,21 @@ def test_demo_plot_puts_alignment_and_neg_h_on_separate_axes(tmp_path, figures):
     assert "lam W = 0.0050" in ax_h.get_legend().get_texts()[0].get_text()
 
 
+def test_every_demo_panel_has_a_legend(tmp_path, figures):
+    from coulomb_attention.reports import demo
+
+    trace = [{"alignment": 0.1, "energy": -0.1}]
+    res = {"results": [{"method": "RandomFourierFeatures(64)", "test_accuracy": 0.7},
+                       {"method": "ParticleFeatures(64)", "test_accuracy": 0.9}],
+           "traces": {"ParticleFeatures(64)": trace}}
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    demo.plot(tmp_path / "results.json", tmp_path / "demo.png")
+    for ax in figures[-1].axes:
+        assert ax.get_legend() is not None, ax.get_title()
+    bars = [t.get_text() for t in figures[-1].axes[0].get_legend().get_texts()]
+    assert bars == ["fixed random features", "learned particles"]
+
+
 @pytest.mark.parametrize("spreads", [(0.44, 0.98), (0.16, 0.19), (1e-4, 1.0)],
                          ids=["one decade", "narrow", "four decades"])
 def test_concentration_plot_labels_at_least_three_log_ticks(tmp_path, figures, spreads):

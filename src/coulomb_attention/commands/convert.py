@@ -24,73 +24,63 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._args import add_progress, progress_mode
+from ._convert_flags import (  # noqa: F401  (re-exported: the tests read them)
+    CONVERT_FLAGS,
+    DISTILL_FLAGS,
+    HELP_DEFAULTS,
+    LORA_FLAGS,
+    LORA_OBJECTIVES,
+    LORA_TARGETS,
+    VARIANTS,
+    dflt,
+)
 
 if TYPE_CHECKING:
     from ..convert import ConvertConfig
     from ..train.finish import FinishConfig
 
-# --help imports no torch: the flags that set a config field default to None and take the
-# config's own default in config_from_args (tests/commands/test_help_and_args.py checks these
-# tables against ConvertConfig, DistillConfig and convert.VARIANTS)
-VARIANTS = ("vanilla", "particles", "hedgehog", "softmax")
-LORA_OBJECTIVES = ("embedding", "tokens", "layers")  # train.finish.OBJECTIVES
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")  # nn.lora.ALL_TARGETS
-#: flag (dest) -> ConvertConfig field
-CONVERT_FLAGS = {"encoder": "encoder", "feature_map": "feature_map", "n_features": "n_features",
-                 "seed": "seed", "variant": "variant", "tasks": "tasks",
-                 "max_length": "max_length", "eval_sentences": "eval_sentences",
-                 "probe_tasks": "probe_tasks", "probe_train": "probe_train",
-                 "probe_eval": "probe_eval", "window": "window"}
-#: flag (dest) -> DistillConfig field
-DISTILL_FLAGS = {"n_sentences": "n_examples", "holdout": "holdout", "steps": "steps",
-                 "batch_size": "batch_size", "rows": "rows_per_sequence", "eta": "eta",
-                 "eta_end": "eta_end", "beta": "beta", "lam": "lam",
-                 "output_weight": "output_weight", "lr": "lr", "refine_steps": "refine_steps",
-                 "refine_sentences": "refine_examples", "refine_eta": "refine_eta",
-                 "refine_max_drift": "refine_max_drift"}
-#: flag (dest) -> FinishConfig field (with --lora-rank > 0)
-LORA_FLAGS = {"lora_steps": "steps", "lora_lr": "lr", "lora_objective": "objective",
-              "lora_aux_weight": "aux_weight", "lora_targets": "targets"}
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    c, d, f = (f"(default: {n}Config's)" for n in ("Convert", "Distill", "Finish"))
-    p.add_argument("--encoder", help=f"minilm or a BERT checkpoint directory {c}")
+    p.add_argument("--encoder", help=f"minilm or a BERT checkpoint directory {dflt('encoder')}")
     p.add_argument("--feature-map",
                    help="the map the particles move in: favor, softmax_feat, porf_softplus or "
-                        f"hedgehog (Hedgehog's map, its rows untied particles) {c}")
-    p.add_argument("--n-features", type=int, help=f"particles per head {c}")
-    p.add_argument("--seed", type=int, help=c)
+                        "hedgehog (Hedgehog's map, its rows untied particles) "
+                        f"{dflt('feature_map')}")
+    p.add_argument("--n-features", type=int, help=f"particles per head {dflt('n_features')}")
+    p.add_argument("--seed", type=int, help=dflt("seed"))
     p.add_argument("--variant", choices=VARIANTS,
                    help=f"particles (the method), vanilla (fixed features), hedgehog (the tied "
-                        f"Adam baseline on Hedgehog's map), softmax (the teacher) {c}")
+                        f"Adam baseline on Hedgehog's map), softmax (the teacher) "
+                        f"{dflt('variant')}")
     p.add_argument("--data-dir", default=None)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", default="runs/convert", help="output directory (default: %(default)s)")
     p.add_argument("--sentences", default=None,
                    help="text file, one sentence per line (default: training text of --tasks)")
-    p.add_argument("--tasks", nargs="+", help=c)
-    p.add_argument("--max-length", type=int, help=c)
-    p.add_argument("--n-sentences", type=int, help=f"sentences distilled on {d}")
-    p.add_argument("--holdout", type=int, help=d)
-    p.add_argument("--steps", type=int, help=f"steps per layer and head {d}")
-    p.add_argument("--batch-size", type=int, help=d)
-    p.add_argument("--rows", type=int, help=f"query rows per sequence (0: all) {d}")
-    p.add_argument("--eta", type=float, help=d)
-    p.add_argument("--eta-end", type=float, help=d)
-    p.add_argument("--beta", type=float, help=f"0: infinity {d}")
-    p.add_argument("--lam", type=float, help=f"Riesz repulsion strength {d}")
-    p.add_argument("--output-weight", type=float, help=d)
-    p.add_argument("--lr", type=float, help=f"Adam lr of the hedgehog baseline {d}")
+    p.add_argument("--tasks", nargs="+", help=dflt("tasks"))
+    p.add_argument("--max-length", type=int, help=dflt("max_length"))
+    p.add_argument("--n-sentences", type=int,
+                   help=f"sentences distilled on {dflt('n_sentences')}")
+    p.add_argument("--holdout", type=int, help=dflt("holdout"))
+    p.add_argument("--steps", type=int, help=f"steps per layer and head {dflt('steps')}")
+    p.add_argument("--batch-size", type=int, help=dflt("batch_size"))
+    p.add_argument("--rows", type=int, help=f"query rows per sequence (0: all) {dflt('rows')}")
+    p.add_argument("--eta", type=float, help=dflt("eta"))
+    p.add_argument("--eta-end", type=float, help=dflt("eta_end"))
+    p.add_argument("--beta", type=float, help=f"0: infinity {dflt('beta')}")
+    p.add_argument("--lam", type=float, help=f"Riesz repulsion strength {dflt('lam')}")
+    p.add_argument("--output-weight", type=float, help=dflt("output_weight"))
+    p.add_argument("--lr", type=float, help=f"Adam lr of the hedgehog baseline {dflt('lr')}")
     p.add_argument("--refine-steps", type=int,
                    help="steps of the joint refinement of all layers' particles against the "
-                        f"teacher's sentence embeddings (0: none) {d}")
-    p.add_argument("--refine-sentences", type=int, help=f"sentences the refinement fits on {d}")
-    p.add_argument("--refine-eta", type=float, help=d)
-    p.add_argument("--refine-max-drift", type=float, help=d)
-    p.add_argument("--eval-sentences", type=int, help=c)
-    p.add_argument("--probe-tasks", nargs="*", help=c)
-    p.add_argument("--probe-train", type=int, help=c)
-    p.add_argument("--probe-eval", type=int, help=c)
+                        f"teacher's sentence embeddings (0: none) {dflt('refine_steps')}")
+    p.add_argument("--refine-sentences", type=int,
+                   help=f"sentences the refinement fits on {dflt('refine_sentences')}")
+    p.add_argument("--refine-eta", type=float, help=dflt("refine_eta"))
+    p.add_argument("--refine-max-drift", type=float, help=dflt("refine_max_drift"))
+    p.add_argument("--eval-sentences", type=int, help=dflt("eval_sentences"))
+    p.add_argument("--probe-tasks", nargs="*", help=dflt("probe_tasks"))
+    p.add_argument("--probe-train", type=int, help=dflt("probe_train"))
+    p.add_argument("--probe-eval", type=int, help=dflt("probe_eval"))
     p.add_argument("--no-eval", action="store_true", help="skip fidelity and probes")
     p.add_argument("--grid", type=int, nargs="+", default=None, metavar="M",
                    help="comparison over these M (with --seeds, --variants, --lams)")
@@ -106,19 +96,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-rank", type=int, default=0,
                    help="low-rank finishing: LoRA rank on the Q/K/V/O projections (--lora-"
                         "targets), trained after the particles and merged (0: off)")
-    p.add_argument("--lora-steps", type=int, help=f)
-    p.add_argument("--lora-lr", type=float, help=f)
+    p.add_argument("--lora-steps", type=int, help=dflt("lora_steps"))
+    p.add_argument("--lora-lr", type=float, help=dflt("lora_lr"))
     p.add_argument("--lora-objective", choices=LORA_OBJECTIVES,
-                   help=f"hidden states matched besides the embedding: none, last, all {f}")
-    p.add_argument("--lora-aux-weight", type=float, help=f"weight of the hidden-state term {f}")
-    p.add_argument("--lora-targets", nargs="+", choices=LORA_TARGETS, help=f)
+                   help="hidden states matched besides the embedding: embedding (none), "
+                        "tokens (the last), layers (all) "
+                        f"{dflt('lora_objective')}")
+    p.add_argument("--lora-aux-weight", type=float,
+                   help=f"weight of the hidden-state term {dflt('lora_aux_weight')}")
+    p.add_argument("--lora-targets", nargs="+", choices=LORA_TARGETS, help=dflt("lora_targets"))
     p.add_argument("--lora-with-particles", action="store_true",
                    help="move the particles with the adapters (no separate refinement)")
     p.add_argument("--window", type=int,
                    help="sliding-window hybrid (LoLCATs eq. 7): softmax over the W/2 tokens on "
                         "each side plus the particles' linear term over the rest, the window "
                         "weight per head learned; W even, > 0, at most the model's positions "
-                        f"(OUT/hf carries it) {c}")
+                        f"(OUT/hf carries it) {dflt('window')}")
     p.add_argument("--window-alone", action="store_true",
                    help="with --window: the window softmax alone, no linear term (the "
                         "ablation of the linear branch)")

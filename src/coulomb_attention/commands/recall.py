@@ -37,7 +37,8 @@ QUICK_GRID = {"levels": ["easy"], "attentions": ["softmax", "favor", "none"],
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="output directory (results.jsonl, summary.md)")
+    p.add_argument("--out", default="runs/recall",
+                   help="output directory: results.jsonl, summary.md (default: %(default)s)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke grid (easy level; softmax, favor, none; M=16; seed 0; small "
                         "data): under 5 minutes; the grid flags given beside it win")
@@ -48,17 +49,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                   f"(default: {d['kernels']})")
     list_arg(p, "--n-features", type=int, help=f"(default: {d['n_features']})")
     list_arg(p, "--seeds", type=int, help=f"(default: {d['seeds']})")
-    p.add_argument("--objective", choices=OBJECTIVES, default="token_pair",
-                   help="phase A's target (learned kernels): token_pair (label-free alignment "
-                        "after a warm-up) or the teacher route's teacher / teacher_query / "
-                        "indicator (docs/recall.md)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="indicator",
+                   help="phase A's target (learned kernels): the teacher route's indicator "
+                        "(default), teacher or teacher_query rows, or token_pair (label-free "
+                        "alignment after a warm-up; docs/recall.md)")
     p.add_argument("--init", choices=("warmup", "teacher"), default=None,
                    help="start from a fixed-feature warm-up or from the weights of a softmax "
                         "teacher (cached in OUT/teachers); default: warmup for token_pair, "
                         "else teacher")
-    p.add_argument("--fit-method", choices=FIT_METHODS, default="langevin",
-                   help="how omega is fitted to the teacher-route objective (weighted: WFR "
-                        "particles with masses, docs/recall.md)")
+    p.add_argument("--fit-method", choices=FIT_METHODS, default="adam",
+                   help="how omega is fitted to the teacher-route objective (default: adam, "
+                        "the route chosen on a separate seed; weighted: WFR particles with "
+                        "masses, docs/recall.md)")
     p.add_argument("--config", type=Path, help="JSON overrides applied to every level")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     add_progress(p)

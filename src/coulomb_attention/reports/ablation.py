@@ -5,8 +5,8 @@ its 95% t-interval over seeds; the paired differences (by seed) of every label a
 references ``gradient``, ``fixed``, ``langevin`` (coulomb - langevin: the repulsion alone) and
 ``hedgehog`` (those the arena has), with 95% t-intervals
 (:func:`coulomb_attention.stats.paired_difference`); one verdict line per
-(setting, M, Coulomb label): "Coulomb beats gradient at M=..: yes/no [interval]" ("yes" when the
-whole interval is above 0); the means of the particle diagnostics; and the plots
+(setting, M, Coulomb label) with at least :data:`MIN_VERDICT_SEEDS` paired seeds: "Coulomb beats
+gradient at M=..: yes/no [interval]" ("yes" when the whole interval is above 0); the means of the particle diagnostics; and the plots
 ``ablation_<arena>_score.png`` (score vs M per label, one panel per setting) and
 ``ablation_<arena>_energy.png`` (mean energy trace over seeds per label at the largest M).
 """
@@ -24,9 +24,12 @@ from . import pyplot
 
 __all__ = [
     "DIAGNOSTICS",
+    "METRIC_RANGE",
+    "MIN_VERDICT_SEEDS",
     "REFERENCES",
     "VARIANTS",
     "diagnostics_table",
+    "error_bars",
     "label",
     "paired_differences",
     "score_table",
@@ -40,6 +43,10 @@ VARIANTS = ("fixed", "gradient", "langevin", "coulomb", "weighted", "importance"
             "end2end")
 
 REFERENCES = ("gradient", "fixed", "langevin", "hedgehog")
+#: a yes/no verdict needs this many paired seeds (below it the interval says nothing)
+MIN_VERDICT_SEEDS = 3
+#: the range of each score metric: error bars are clipped to it
+METRIC_RANGE = {"accuracy": (0.0, 1.0), "cosine": (-1.0, 1.0)}
 DIAGNOSTICS = ("nn_min", "nn_median", "collapsed_share", "effective_rank")
 
 
@@ -107,13 +114,15 @@ def paired_differences(records: list[dict[str, Any]],
     """Every label minus every reference label (variant in ``references``) of the same arena,
     setting and M, paired by seed over the seeds both have: rows ``arena, setting, M, label,
     reference, mean, low, high, n, seeds, ahead`` (``ahead``: seeds where the label scores
-    strictly higher; the targets ask "every seed")."""
+    strictly higher; the targets ask "every seed"). A pair of two references appears once
+    (the later reference minus the earlier one in :data:`VARIANTS` order)."""
     rows = []
     for (arena, setting), labels in sorted(_cells(records).items()):
-        refs = [lab for lab in labels if lab.split("(")[0] in references]
-        for ref in sorted(refs, key=_variant_order):
+        refs = sorted((lab for lab in labels if lab.split("(")[0] in references),
+                      key=_variant_order)
+        for ref in refs:
             for lab in sorted(labels, key=_variant_order):
-                if lab == ref:
+                if lab == ref or (lab in refs and refs.index(lab) < refs.index(ref)):
                     continue
                 for m in sorted(set(labels[lab]) & set(labels[ref])):
                     a, b = labels[lab][m], labels[ref][m]
@@ -130,11 +139,14 @@ def paired_differences(records: list[dict[str, Any]],
 
 
 def verdicts(records: list[dict[str, Any]]) -> list[str]:
-    """One line per arena, setting, M and Coulomb label: whether it beats ``gradient`` (the
-    paired 95% interval entirely above 0)."""
+    """One line per arena, setting, M and Coulomb label with at least
+    :data:`MIN_VERDICT_SEEDS` paired seeds: whether it beats ``gradient`` (the paired 95%
+    interval entirely above 0). Pairs with fewer seeds get no verdict."""
     out = []
     for row in paired_differences(records, ("gradient",)):
         if row["label"].split("(")[0] != "coulomb" or row["reference"].split("(")[0] != "gradient":
+            continue
+        if row["n"] < MIN_VERDICT_SEEDS:
             continue
         yes = not math.isnan(row["low"]) and row["low"] > 0
         out.append(f"{row['arena']}: Coulomb beats gradient at M={row['M']}: "
@@ -162,6 +174,15 @@ def diagnostics_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def error_bars(stats: list[tuple], metric: str | None) -> list[list[float]]:
+    """Matplotlib's ``yerr`` ``[below, above]`` of ``mean_interval`` tuples: the 95% interval
+    clipped to the metric's range (:data:`METRIC_RANGE`; a bar never leaves [0, 1] for an
+    accuracy); 0 where the interval is undefined (one seed)."""
+    lo_lim, hi_lim = METRIC_RANGE.get(metric, (-math.inf, math.inf))
+    return [[0.0 if math.isnan(lo) else mean - max(lo, lo_lim) for mean, lo, _, _ in stats],
+            [0.0 if math.isnan(hi) else min(hi, hi_lim) - mean for mean, _, hi, _ in stats]]
+
+
 def _plot_scores(records, arena: str, path: Path) -> None:
     plt = pyplot()
     cells = {k: v for k, v in _cells(records).items() if k[0] == arena}
@@ -173,16 +194,16 @@ def _plot_scores(records, arena: str, path: Path) -> None:
     for ax, ((_, setting), labels) in zip(axes[0], sorted(cells.items()), strict=True):
         for lab in sorted(labels, key=_variant_order):
             ms = sorted(labels[lab])
-            stats = [mean_interval([r["score"] for r in labels[lab][m].values()]) for m in ms]
-            err = [0.0 if math.isnan(s[1]) else (s[2] - s[1]) / 2 for s in stats]
+            runs = [list(labels[lab][m].values()) for m in ms]
+            stats = [mean_interval([r["score"] for r in rs]) for rs in runs]
+            err = error_bars(stats, runs[0][0].get("metric"))
             ax.errorbar(ms, [s[0] for s in stats], yerr=err, marker="o", capsize=3, label=lab,
                         color=color[lab])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("M (features)")
         ax.set_title(f"{arena} / {setting}")
+        ax.legend(fontsize=7)  # every panel: its own labels, the same colours everywhere
     axes[0][0].set_ylabel("held-out score")
-    handles = [plt.Line2D([], [], color=color[lab], marker="o", label=lab) for lab in every]
-    axes[0][-1].legend(handles=handles, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -207,9 +228,10 @@ def _plot_energy(records, arena: str, path: Path) -> bool:
             drawn = True
         ax.set_xlabel("step")
         ax.set_title(f"{arena} / {setting}")
+        if ax.get_lines():
+            ax.legend(fontsize=7)
     axes[0][0].set_ylabel("energy (mean over seeds)")
     if drawn:
-        axes[0][-1].legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -225,7 +247,8 @@ def write_ablation_report(out: str | Path, plots: bool = True) -> Path:
     lines = ["# Ablation study", "",
              f"{len(records)} runs from `records.jsonl`; scores on held-out data, higher is "
              "better; intervals are 95% t-intervals over seeds.", "", "## Verdicts", ""]
-    lines += [f"- {v}" for v in verdicts(records)] or ["- (no coulomb/gradient pair)"]
+    lines += [f"- {v}" for v in verdicts(records)] or [
+        f"- (none: no coulomb/gradient pair with {MIN_VERDICT_SEEDS} or more seeds)"]
     lines += ["", "## Scores", "", score_table(records), "## Paired differences", "",
               "Each label minus the reference, paired by seed: mean [95% t-interval] (seeds).",
               "", "| arena | setting | M | variant | reference | difference | n | seeds ahead |",

@@ -43,6 +43,11 @@ def plot(results_path: Path, png_path: Path) -> None:
     ax0.set_xlabel("test accuracy (logistic regression on the features)")
     ax0.invert_yaxis()
     ax0.set_title("fixed vs learned random features")
+    kinds = {"Random": "fixed random features", "Importance": "importance-weighted (fixed)",
+             "Particle": "learned particles", "RBFSampler": "scikit-learn RBFSampler"}
+    seen = [k for k in colors if any(n.startswith(k) for n in names)]
+    ax0.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colors[k], label=kinds[k])
+                        for k in seen], fontsize=7, loc="lower right")
     trace_colors = ("tab:blue", "tab:purple", "tab:red", "tab:brown")
     for i, (name, trace) in enumerate(res["traces"].items()):
         color = trace_colors[i % len(trace_colors)]
