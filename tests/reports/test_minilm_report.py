@@ -74,3 +74,21 @@ def test_one_seed_writes_null_intervals(tmp_path):
     acc = json.loads((tmp_path / "report.json").read_text())["summary"]["sst2"]["variants"][
         "softmax:vanilla"]["accuracy"]
     assert acc[0] == pytest.approx(0.90) and acc[1] is None and acc[2] is None and acc[3] == 1
+
+
+
+def test_wall_time_counts_each_cached_conversion_once(tmp_path):
+    from coulomb_attention.reports.minilm import wall_time
+
+    rows = [{**_row("favor:teacher", s, 0.8), "conversion_dir": f"cache/favor-s{s}",
+             "phase_a_s": 300.0} for s in range(2)]
+    rows += [{**_row("favor:teacher", 0, 0.8), "task": "rotten_tomatoes",
+              "conversion_dir": "cache/favor-s0", "phase_a_s": 300.0},
+             _row("softmax:vanilla", 0, 0.9)]
+    w = wall_time(rows)
+    assert w == {"runs": 4, "run_s": 480.0, "conversions": 2, "conversion_s": 600.0,
+                 "total_s": 1080.0}
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_report(tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "Wall time: 3 runs, 0.10 h" in text  # sst2: two teacher runs and softmax

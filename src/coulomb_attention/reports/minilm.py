@@ -17,7 +17,8 @@ from typing import Any
 from ..results import atomic_write_json, atomic_write_text
 from ..stats import mean_interval, paired_difference
 
-__all__ = ["COMPARISONS", "METRICS", "load_rows", "summarise", "targets", "write_report"]
+__all__ = ["COMPARISONS", "METRICS", "load_rows", "summarise", "targets", "wall_time",
+           "write_report"]
 
 #: metrics of the table: (key, label, higher is better)
 METRICS: tuple[tuple[str, str, bool], ...] = (
@@ -98,8 +99,23 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         first = next(iter(_by(rows, task, variants[0]).values()))
         out[task] = {"variants": summary, "differences": diffs,
                      "eval": f"{first.get('eval_split')} ({first.get('n_eval')})",
-                     "n_train": first.get("n_train")}
+                     "n_train": first.get("n_train"),
+                     "wall": wall_time([r for r in rows if r["task"] == task])}
     return out
+
+
+def wall_time(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """What ``rows`` cost: ``runs``, ``run_s`` (the sum of every run's probe + phase B +
+    evaluation, ``total_s``), ``conversions`` and ``conversion_s`` (each cached conversion
+    counted once, by its directory: the tasks and variants that reuse it do not pay again),
+    ``total_s`` (both)."""
+    conv: dict[str, float] = {}
+    for r in rows:
+        if r.get("conversion_dir"):
+            conv[r["conversion_dir"]] = _num(r.get("phase_a_s"))
+    run_s = sum(_num(r.get("total_s")) for r in rows)
+    return {"runs": len(rows), "run_s": run_s, "conversions": len(conv),
+            "conversion_s": sum(conv.values()), "total_s": run_s + sum(conv.values())}
 
 
 def _verdict(d, key, want_positive: bool) -> bool | None:
@@ -175,7 +191,10 @@ def _markdown(summary, checks) -> str:
                     ci = (f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]" if n >= 2
                           else f"{mean:+.4f}")
                     lines.append(f"| {pair} | {lab} | {ci} | {n} | {ahead}/{n} |")
-        lines.append("")
+        w = s["wall"]
+        lines += [f"Wall time: {w['runs']} runs, {w['run_s'] / 3600:.2f} h (probe, phase B and "
+                  f"evaluation), {w['conversions']} conversions first made here "
+                  f"{w['conversion_s'] / 3600:.2f} h; {w['total_s'] / 3600:.2f} h in all.", ""]
     lines += ["## Targets", "", "| task | target | met |", "|---|---|---|"]
     for c in checks:
         met = {True: "yes", False: "no", None: "not measured"}[c["met"]]
