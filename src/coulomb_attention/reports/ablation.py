@@ -6,7 +6,8 @@ references ``gradient``, ``fixed``, ``langevin`` (coulomb - langevin: the repuls
 ``hedgehog`` (those the arena has), with 95% t-intervals
 (:func:`coulomb_attention.stats.paired_difference`); one verdict line per
 (setting, M, Coulomb label) with at least :data:`MIN_VERDICT_SEEDS` paired seeds: "Coulomb beats
-gradient at M=..: yes/no [interval]" ("yes" when the whole interval is above 0); the means of the particle diagnostics; and the plots
+gradient at M=..: yes/no [interval]" ("yes" when the whole interval is above 0); the means
+of the particle diagnostics; and the plots
 ``ablation_<arena>_score.png`` (score vs M per label, one panel per setting) and
 ``ablation_<arena>_energy.png`` (mean energy trace over seeds per label at the largest M).
 """
