@@ -2,8 +2,9 @@
 ``omega_lr_scale`` times the fine-tuning learning rate (the planned ``end2end`` uses 1).
 
 Checks that the end-to-end reference is not weak only because omega barely moves at the
-fine-tuning rate. Runs append to ``OUT/records.jsonl`` (resumable; the teachers cached there
-are reused), then the targets tables are printed::
+fine-tuning rate. Runs append to ``OUT/records.jsonl`` (resumable, the study's run keys; the
+teachers cached there are reused), then ``OUT/report.md`` is written (the ablation report:
+scores, paired differences, learned at M - fixed at 2M and 4M)::
 
     python experiments/ablation_mqar_end2end_lr.py --scales 10 30 --features 16 64 \\
         --seeds 0 1 2 3 4 --out runs/mqar_e2e
@@ -12,10 +13,8 @@ are reused), then the targets tables are printed::
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-from pathlib import Path
 
+from coulomb_attention.reports.ablation import write_ablation_report
 from coulomb_attention.studies.ablation import make_plan, run_plan
 
 
@@ -32,8 +31,7 @@ def main() -> None:
     plan = [{**s, "params": {**s["params"], "omega_lr_scale": float(c)}}
             for c in a.scales for s in base]
     print(run_plan(plan, a.out), flush=True)
-    targets = Path(__file__).with_name("ablation_mqar_targets.py")
-    subprocess.run([sys.executable, str(targets), str(Path(a.out) / "records.jsonl")], check=True)
+    print(f"wrote {write_ablation_report(a.out)}")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,13 @@ import pytest
 from scipy import stats
 
 from coulomb_attention.reports.ablation import (
+    capacity_differences,
     diagnostics_table,
     label,
     paired_differences,
+    pool_records,
+    record_key,
+    run_statistics_table,
     score_table,
     verdicts,
     write_ablation_report,
@@ -133,3 +137,117 @@ def test_tables_and_report_files(tmp_path):
 def test_empty_records_raise(tmp_path):
     with pytest.raises(ValueError, match="no records"):
         write_ablation_report(tmp_path)
+
+
+def _write(path, recs):
+    with open(path, "w") as f:
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+    return path
+
+
+def test_record_key_is_the_studys_run_key():
+    from coulomb_attention.studies.ablation import run_key
+
+    r = _records()[5]
+    assert record_key(r) == run_key(r) == record_key(dict(r, M=16.0, score=0.0))
+
+
+def test_pooled_records_a_later_file_wins(tmp_path):
+    recs = _records()
+    a = _write(tmp_path / "a.jsonl", recs)
+    later = [dict(recs[0], score=0.99), dict(recs[0], setting="fit256")]
+    b = _write(tmp_path / "b.jsonl", later)
+    pooled = pool_records([a, b])
+    assert len(pooled) == len(recs) + 1  # one key replaced, one new
+    assert [r["score"] for r in pooled if record_key(r) == record_key(recs[0])] == [0.99]
+    assert pool_records([b, a])[-len(recs)]["score"] == recs[0]["score"]  # order decides
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        pool_records([a, tmp_path / "missing.jsonl"])
+    # the report of the pooled files: the fixed score of seed 0 is the later file's
+    out = tmp_path / "out"
+    text = write_ablation_report(out, plots=False, records=[a, b]).read_text()
+    assert f"{len(recs) + 1} runs from `{a}`, `{b}` (pooled" in text
+    fixed = [0.99, 0.52, 0.47, 0.51]
+    assert f"| fixed | {np.mean(fixed):.4f} +- " in text
+    assert "### convert / fit256" in text
+    assert not (out / "records.jsonl").exists()
+
+
+def test_references_are_a_parameter(tmp_path):
+    path = _write(tmp_path / "records.jsonl", _records())
+    text = write_ablation_report(tmp_path, plots=False).read_text()
+    assert "| coulomb(beta=1e+06, lam=0.1) | gradient |" in text
+    assert "| hedgehog | coulomb(beta=1e+06, lam=0.1) |" not in text
+    text = write_ablation_report(tmp_path, plots=False, records=[path],
+                                 references=("coulomb",)).read_text()
+    mean, lo, hi = _by_hand([0.69, 0.70, 0.71, 0.68], [0.73, 0.71, 0.76, 0.72])
+    assert (f"| convert | fit64 | 16 | hedgehog | coulomb(beta=1e+06, lam=0.1) | "
+            f"{mean:+.4f} [{lo:+.4f}, {hi:+.4f}] | 4 | 0/4 |") in text
+    assert "| coulomb(beta=1e+06, lam=0.1) | gradient |" not in text  # not a reference now
+    with pytest.raises(ValueError, match="unknown reference variant 'coulmb'"):
+        write_ablation_report(tmp_path, plots=False, references=("coulmb",))
+
+
+def test_capacity_differences_equal_a_hand_computation(tmp_path):
+    # learned at 16 against fixed at 32 and 64: fixed at 2M scores 0.1 higher, at 4M 0.2
+    recs = _records(16) + [r for r in _records(32, 0.1) + _records(64, 0.2)
+                           if r["variant"] == "fixed"]
+    rows = capacity_differences(recs)
+    assert {(r["label"], r["M"], r["fixed_M"]) for r in rows} == {
+        (lab, 16, k) for lab in ("gradient", "coulomb(beta=1e+06, lam=0.1)", "hedgehog")
+        for k in (32, 64)}  # every non-fixed label; no row for M whose 2M/4M is missing
+    row = next(r for r in rows if r["label"] == "gradient" and r["fixed_M"] == 64)
+    mean, lo, hi = _by_hand([0.70, 0.69, 0.74], [0.70, 0.72, 0.67])
+    assert row["seeds"] == [0, 1, 2] and row["ahead"] == 1
+    assert (row["mean"], row["low"], row["high"]) == pytest.approx((mean, lo, hi), abs=1e-12)
+    row = next(r for r in rows if r["label"] == "hedgehog" and r["fixed_M"] == 32)
+    mean, lo, hi = _by_hand([0.69, 0.70, 0.71, 0.68], [0.60, 0.62, 0.57, 0.61])
+    assert (row["mean"], row["low"], row["high"], row["n"]) == pytest.approx((mean, lo, hi, 4))
+    # 64 = 4 x 16 only (no fixed at 32, nothing at 128 or 256)
+    assert {(r["M"], r["fixed_M"]) for r in capacity_differences(_records(16) + _records(64))} \
+        == {(16, 64)}
+    _write(tmp_path / "records.jsonl", recs)
+    text = write_ablation_report(tmp_path, plots=False).read_text()
+    assert "## Learned at M against fixed at 2M and 4M" in text
+    mean, lo, hi = _by_hand([0.70, 0.69, 0.74], [0.70, 0.72, 0.67])
+    assert (f"| convert | fit64 | 16 | gradient | M = 64 | {mean:+.4f} [{lo:+.4f}, {hi:+.4f}] "
+            f"| 3 | 1/3 |") in text
+    _write(tmp_path / "records.jsonl", _records(16))
+    assert "## Learned at M" not in write_ablation_report(tmp_path, plots=False).read_text()
+
+
+def test_run_statistics_are_the_means_of_the_other_numeric_fields(tmp_path):
+    recs = _records()
+    for r in recs:
+        if r["variant"] == "coulomb":  # fit statistics on some seeds, a nested dict, a flag
+            r.update(fit_ess=0.1 * (r["seed"] + 1), cached=True, note="x",
+                     weights={"births": r["seed"], "kind": "wfr"})
+            if r["seed"] == 3:
+                del r["fit_ess"]
+                r["holdout_kl"] = None
+    table = run_statistics_table(recs)
+    header = "| setting | M | variant | fit_ess | time_s | weights.births |"
+    assert header in table  # sorted fields; no score, key, diagnostics, flag, text or None
+    ess = np.mean([0.1, 0.2, 0.3])  # seeds 0-2 have it
+    assert f"| fit64 | 16 | coulomb(beta=1e+06, lam=0.1) | {ess:.4g} | 1 | 1.5 |" in table
+    assert "| fit64 | 16 | fixed |  | 1 |  |" in table
+    _write(tmp_path / "records.jsonl", recs)
+    text = write_ablation_report(tmp_path, plots=False).read_text()
+    assert "## Run statistics (means over seeds)" in text and header in text
+
+
+def test_the_command_reports_pooled_files_and_refuses_records_without_report_only(
+        tmp_path, capsys):
+    from coulomb_attention.cli import main
+
+    a = _write(tmp_path / "a.jsonl", _records())
+    b = _write(tmp_path / "b.jsonl", _records(64))
+    out = tmp_path / "out"
+    assert main(["ablation", "--report-only", "--records", str(a), str(b), "--references",
+                 "fixed", "coulomb", "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    assert "| convert | fit64 | 64 | hedgehog | coulomb(beta=1e+06, lam=0.1) |" in text
+    assert main(["ablation", "--arena", "convert", "--records", str(a), "--out",
+                 str(out)]) == 2
+    assert "--records needs --report-only" in capsys.readouterr().err

@@ -6,9 +6,11 @@
         [--features 8 16 32 64 128] [--variants fixed gradient ...] [--out runs/ablation]
 
 Records go to ``OUT/records.jsonl`` (runs already there are skipped), the report to
-``OUT/report.md`` and ``OUT/*.png``. Lists are space-separated; commas are accepted too
-(``--seeds 0,1,2``; ``commands._args``). ``--quick`` picks small defaults and never
-overrides an explicit flag.
+``OUT/report.md`` and ``OUT/*.png``. ``--report-only --records A.jsonl B.jsonl`` reports
+on several records files pooled by run key (a later file wins; default ``OUT/records.jsonl``);
+``--references`` picks the variants the paired differences are taken against. Lists are
+space-separated; commas are accepted too (``--seeds 0,1,2``; ``commands._args``).
+``--quick`` picks small defaults and never overrides an explicit flag.
 """
 
 from __future__ import annotations
@@ -37,12 +39,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="worker processes (records are the same for any number)")
     p.add_argument("--report-only", action="store_true",
                    help="write the report from OUT/records.jsonl without running")
+    list_arg(p, "--records", default=None, metavar="FILE",
+             help="with --report-only: report on these records files, pooled by run key "
+                  "(a later file wins; default OUT/records.jsonl)")
+    list_arg(p, "--references", default=None, metavar="VARIANT",
+             help="paired differences against these variants (default gradient fixed "
+                  "langevin hedgehog; e.g. add coulomb for weighted - coulomb)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..reports.ablation import write_ablation_report
+    from ..reports.ablation import REFERENCES, write_ablation_report
     from ..studies.ablation import run_study
 
+    if args.records is not None and not args.report_only:
+        raise ValueError("--records needs --report-only (a run writes OUT/records.jsonl)")
     if not args.report_only:
         import torch
 
@@ -53,5 +63,6 @@ def run(args: argparse.Namespace) -> int:
                            jobs=args.jobs, threads=args.threads)
         print(f"ablation: {counts['ran']} run(s), {counts['skipped']} already done, "
               f"records in {counts['records']}")
-    print(f"wrote {write_ablation_report(args.out)}")
+    references = REFERENCES if args.references is None else tuple(args.references)
+    print(f"wrote {write_ablation_report(args.out, records=args.records, references=references)}")
     return 0

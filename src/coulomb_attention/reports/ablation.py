@@ -6,16 +6,26 @@ references ``gradient``, ``fixed``, ``langevin`` (coulomb - langevin: the repuls
 ``hedgehog`` (those the arena has), with 95% t-intervals
 (:func:`coulomb_attention.stats.paired_difference`); one verdict line per
 (setting, M, Coulomb label) with at least :data:`MIN_VERDICT_SEEDS` paired seeds: "Coulomb beats
-gradient at M=..: yes/no [interval]" ("yes" when the whole interval is above 0); the means
-of the particle diagnostics; and the plots
+gradient at M=..: yes/no [interval]" ("yes" when the whole interval is above 0); the means of
+the particle diagnostics; and the plots
 ``ablation_<arena>_score.png`` (score vs M per label, one panel per setting) and
 ``ablation_<arena>_energy.png`` (mean energy trace over seeds per label at the largest M).
+
+Also: the capacity comparison "learned at M minus fixed at 2M and 4M" (paired by seed, every
+non-fixed label, where the records hold those M: :func:`capacity_differences`) and the means
+of every other numeric field of the records (run statistics such as ``fit_accuracy``,
+``holdout_kl_after``, ``fit_ess``, ``fit_births``, ``weights.ess_share``:
+:func:`run_statistics_table`). The records may come from several files, pooled by run key (a
+later file wins: :func:`pool_records`), and the references of the paired differences are a
+parameter (e.g. add ``coulomb`` for ``weighted - coulomb``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +34,21 @@ from ..stats import mean_interval, paired_difference
 from . import pyplot
 
 __all__ = [
+    "CAPACITY_FACTORS",
     "DIAGNOSTICS",
     "METRIC_RANGE",
     "MIN_VERDICT_SEEDS",
     "REFERENCES",
+    "SPEC_KEYS",
     "VARIANTS",
+    "capacity_differences",
     "diagnostics_table",
     "error_bars",
     "label",
     "paired_differences",
+    "pool_records",
+    "record_key",
+    "run_statistics_table",
     "score_table",
     "verdicts",
     "write_ablation_report",
@@ -49,6 +65,36 @@ MIN_VERDICT_SEEDS = 3
 #: the range of each score metric: error bars are clipped to it
 METRIC_RANGE = {"accuracy": (0.0, 1.0), "cosine": (-1.0, 1.0)}
 DIAGNOSTICS = ("nn_min", "nn_median", "collapsed_share", "effective_rank")
+#: the keys of a run (:func:`record_key`; :func:`coulomb_attention.studies.ablation.run_key`)
+SPEC_KEYS = ("arena", "setting", "variant", "params", "M", "seed")
+#: learned at M against fixed at these multiples of M (:func:`capacity_differences`)
+CAPACITY_FACTORS = (2, 4)
+#: record fields that are not run statistics (:func:`run_statistics_table`)
+_NOT_STATISTICS = {*SPEC_KEYS, "metric", "score", "diagnostics", "energy_trace", "config"}
+
+
+def record_key(record: dict[str, Any]) -> str:
+    """The run key of a record or spec: ``(arena, setting, variant, sorted params, M, seed)``
+    as one JSON string (the study's resume key, one home)."""
+    key = {k: record[k] for k in SPEC_KEYS}
+    key["M"], key["seed"] = int(key["M"]), int(key["seed"])
+    return json.dumps(key, sort_keys=True)
+
+
+def pool_records(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """The records of every file in ``paths``, pooled by run key: a later file's (or a later
+    line's) record of a key replaces the earlier one. A missing file is an error."""
+    pooled: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"records file {path} not found")
+        for r in read_jsonl(path):
+            missing = [k for k in SPEC_KEYS if k not in r]
+            if missing:
+                raise ValueError(f"a record in {path} lacks {', '.join(missing)}")
+            pooled.pop(record_key(r), None)  # a replaced record takes the later position
+            pooled[record_key(r)] = r
+    return list(pooled.values())
 
 
 def label(record: dict[str, Any]) -> str:
@@ -137,6 +183,81 @@ def paired_differences(records: list[dict[str, Any]],
                                  "reference": ref, "mean": mean, "low": lo, "high": hi,
                                  "n": n, "seeds": seeds, "ahead": ahead})
     return rows
+
+
+def capacity_differences(records: list[dict[str, Any]],
+                         factors: Sequence[int] = CAPACITY_FACTORS) -> list[dict[str, Any]]:
+    """Every non-fixed label at M minus ``fixed`` at ``k M`` (``k`` in ``factors``) of the same
+    arena and setting, paired by seed over the seeds both have, where the records hold both:
+    rows ``arena, setting, M, label, fixed_M, mean, low, high, n, seeds, ahead`` ("is
+    learning worth k times the features?")."""
+    rows = []
+    for (arena, setting), labels in sorted(_cells(records).items()):
+        if "fixed" not in labels:
+            continue
+        fixed = labels["fixed"]
+        for lab in sorted(labels, key=_variant_order):
+            if lab.split("(")[0] == "fixed":
+                continue
+            for m in sorted(labels[lab]):
+                for k in factors:
+                    if k * m not in fixed:
+                        continue
+                    a, b = labels[lab][m], fixed[k * m]
+                    seeds = sorted(set(a) & set(b))
+                    if not seeds:
+                        continue
+                    mean, lo, hi, n = paired_difference([a[s]["score"] for s in seeds],
+                                                        [b[s]["score"] for s in seeds])
+                    rows.append({"arena": arena, "setting": setting, "M": m, "label": lab,
+                                 "fixed_M": k * m, "mean": mean, "low": lo, "high": hi,
+                                 "n": n, "seeds": seeds,
+                                 "ahead": sum(a[s]["score"] > b[s]["score"] for s in seeds)})
+    return rows
+
+
+def _statistics(record: dict[str, Any]) -> dict[str, float]:
+    """The numeric fields of a record that are not its key, score or diagnostics (one level
+    of nested dicts as ``outer.inner``; booleans and ``None`` left out)."""
+    out = {}
+
+    def numeric(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    for k, v in record.items():
+        if k in _NOT_STATISTICS:
+            continue
+        if numeric(v):
+            out[k] = float(v)
+        elif isinstance(v, dict):
+            out.update({f"{k}.{kk}": float(vv) for kk, vv in v.items() if numeric(vv)})
+    return out
+
+
+def run_statistics_table(records: list[dict[str, Any]]) -> str:
+    """Markdown: per arena, one table of the means over seeds (per setting, M and label) of
+    every other numeric field its records have (:func:`_statistics`: e.g. ``fit_accuracy``,
+    ``holdout_kl_before``, ``holdout_kl_after``, ``fit_ess``, ``fit_births``, ``time_s``);
+    a cell is empty where no seed has the field. Empty text when no record has one."""
+    lines = []
+    for arena in sorted({r["arena"] for r in records}):
+        cells = {k: v for k, v in _cells(records).items() if k[0] == arena}
+        fields = sorted({f for r in records if r["arena"] == arena for f in _statistics(r)})
+        if not fields:
+            continue
+        lines += [f"### {arena}", "", "| setting | M | variant | " + " | ".join(fields) + " |",
+                  "|---|---|---|" + "---|" * len(fields)]
+        for (_, setting), labels in sorted(cells.items()):
+            for lab in sorted(labels, key=_variant_order):
+                for m in sorted(labels[lab]):
+                    stats = [_statistics(r) for r in labels[lab][m].values()]
+                    row = []
+                    for f in fields:
+                        vals = [s[f] for s in stats if f in s]
+                        row.append(f"{sum(vals) / len(vals):.4g}" if vals else "")
+                    lines.append(f"| {setting} | {m} | {lab} | " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def verdicts(records: list[dict[str, Any]]) -> list[str]:
@@ -239,14 +360,29 @@ def _plot_energy(records, arena: str, path: Path) -> bool:
     return drawn
 
 
-def write_ablation_report(out: str | Path, plots: bool = True) -> Path:
-    """Write ``out/report.md`` (and the plots) from ``out/records.jsonl``; returns its path."""
+def write_ablation_report(out: str | Path, plots: bool = True,
+                          records: Sequence[str | Path] | None = None,
+                          references: Sequence[str] = REFERENCES) -> Path:
+    """Write ``out/report.md`` (and the plots) from ``out/records.jsonl``, or from the files
+    ``records`` pooled by run key (:func:`pool_records`: a later file wins); the paired
+    differences are taken against the variants ``references``. Returns the report's path."""
     out = Path(out)
-    records = read_jsonl(out / "records.jsonl")
-    if not records:
-        raise ValueError(f"{out / 'records.jsonl'} holds no records")
+    for ref in references:
+        if ref not in VARIANTS:
+            raise ValueError(f"unknown reference variant {ref!r}; valid: {', '.join(VARIANTS)}")
+    if records is None:
+        paths, source = [out / "records.jsonl"], "`records.jsonl`"
+        rows = read_jsonl(paths[0])
+    else:
+        paths = [Path(p) for p in records]
+        source = ", ".join(f"`{p}`" for p in paths) + " (pooled by run key, a later file wins)"
+        rows = pool_records(paths)
+    if not rows:
+        raise ValueError(f"{', '.join(map(str, paths))} holds no records")
+    records = rows
+    out.mkdir(parents=True, exist_ok=True)
     lines = ["# Ablation study", "",
-             f"{len(records)} runs from `records.jsonl`; scores on held-out data, higher is "
+             f"{len(records)} runs from {source}; scores on held-out data, higher is "
              "better; intervals are 95% t-intervals over seeds.", "", "## Verdicts", ""]
     lines += [f"- {v}" for v in verdicts(records)] or [
         f"- (none: no coulomb/gradient pair with {MIN_VERDICT_SEEDS} or more seeds)"]
@@ -254,11 +390,25 @@ def write_ablation_report(out: str | Path, plots: bool = True) -> Path:
               "Each label minus the reference, paired by seed: mean [95% t-interval] (seeds).",
               "", "| arena | setting | M | variant | reference | difference | n | seeds ahead |",
               "|---|---|---|---|---|---|---|---|"]
-    for r in paired_differences(records):
+    for r in paired_differences(records, tuple(references)):
         lines.append(f"| {r['arena']} | {r['setting']} | {r['M']} | {r['label']} | "
                      f"{r['reference']} | {_interval(r['mean'], r['low'], r['high'])} | "
                      f"{r['n']} | {r['ahead']}/{r['n']} |")
+    capacity = capacity_differences(records)
+    if capacity:
+        lines += ["", "## Learned at M against fixed at 2M and 4M", "",
+                  "Each non-fixed label at M minus `fixed` at 2M or 4M (same setting), paired "
+                  "by seed: mean [95% t-interval] (seeds).", "",
+                  "| arena | setting | M | variant | fixed at | difference | n | seeds ahead |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in capacity:
+            lines.append(f"| {r['arena']} | {r['setting']} | {r['M']} | {r['label']} | "
+                         f"M = {r['fixed_M']} | {_interval(r['mean'], r['low'], r['high'])} | "
+                         f"{r['n']} | {r['ahead']}/{r['n']} |")
     lines += ["", "## Diagnostics (means over seeds)", "", diagnostics_table(records)]
+    statistics = run_statistics_table(records)
+    if statistics:
+        lines += ["## Run statistics (means over seeds)", "", statistics]
     if plots:
         lines += ["## Plots", ""]
         for arena in sorted({r["arena"] for r in records}):

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 import multiprocessing
 import re
 from collections.abc import Callable, Sequence
@@ -36,7 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..reports.ablation import VARIANTS  # the contract's names, one home
+from ..reports.ablation import SPEC_KEYS, VARIANTS, record_key  # the contract, one home
 from ..results import append_jsonl, read_jsonl
 
 __all__ = [
@@ -62,7 +61,6 @@ ARENAS: dict[str, str] = {
     "convert": "coulomb_attention.studies.ablation_convert",
 }
 
-SPEC_KEYS = ("arena", "setting", "variant", "params", "M", "seed")
 RECORD_KEYS = ("metric", "score", "diagnostics", "energy_trace", "time_s")
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 QUICK_SEEDS = (0, 1)
@@ -104,9 +102,7 @@ def run_key(spec: dict[str, Any]) -> str:
         raise ValueError(f"run spec lacks {', '.join(missing)}: {spec!r}")
     if not isinstance(spec["params"], dict):
         raise ValueError(f"params must be a dict, got {spec['params']!r}")
-    key = {k: spec[k] for k in SPEC_KEYS}
-    key["M"], key["seed"] = int(key["M"]), int(key["seed"])
-    return json.dumps(key, sort_keys=True)
+    return record_key(spec)
 
 
 def make_plan(arenas: Sequence[str], *, quick: bool = False, seeds: Sequence[int] | None = None,
