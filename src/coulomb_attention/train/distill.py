@@ -55,7 +55,6 @@ from torch import nn
 
 from .._validation import check_choice, check_nonnegative, check_positive
 from ..dynamics import (
-    FIT_METHODS,
     ParticleConfig,
     adam_fit,
     cycle,
@@ -89,7 +88,7 @@ __all__ = [
     "split_examples",
 ]
 
-METHODS = FIT_METHODS  # how the particles move: dynamics.fit_particles
+METHODS = ("langevin", "hedgehog", "adam", "weighted")  # dynamics.FIT_METHODS (fit_particles)
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 

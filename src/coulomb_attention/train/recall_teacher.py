@@ -51,7 +51,7 @@ from torch import nn
 
 from .._validation import check_choice, check_positive
 from ..data.mqar import MQARData
-from ..dynamics import FIT_METHODS, ParticleConfig, fit_particles, subsample_trace
+from ..dynamics import ParticleConfig, fit_particles, subsample_trace
 from ..dynamics.diagnostics import particle_diagnostics
 from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, per_head
 from ..nn.attention import use_hedgehog_map_
@@ -62,6 +62,8 @@ __all__ = ["FIT_METHODS", "OBJECTIVES", "RecallFitConfig", "fit_recall_omega",
            "load_teacher_weights_", "omega_diagnostics", "teacher_batches"]
 
 OBJECTIVES = ("teacher", "teacher_query", "indicator")
+# every method of the particle fit (dynamics.FIT_METHODS), in the order the command lists them
+FIT_METHODS = ("langevin", "adam", "hedgehog", "weighted")
 
 
 @dataclass(frozen=True)
