@@ -33,7 +33,6 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ._validation import check_choice, check_nonnegative, check_positive, torch_generator
 from .dynamics import (
-    METHODS,
     SCHEDULES,
     LangevinSchedule,
     Reaction,
@@ -49,6 +48,9 @@ from .energy import (
     make_potential,
 )
 from .features import FEATURE_MAPS, SAMPLERS, draw_bias, feature_fn, sample
+
+# the estimator's optimisers: the dynamics' methods that move plain (untied) particles
+OPTIMIZERS = ("langevin", "adam")
 
 __all__ = [
     "RandomFeatures",
@@ -595,7 +597,7 @@ class ParticleFeatures(_BaseRandomFeatures):
         for name in ("center", "normalize", "learn_bias", "weighted", "transport"):
             if not isinstance(getattr(self, name), bool | np.bool_):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        check_choice("optimizer", self.optimizer, METHODS)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.optimizer == "adam":
             if self.weighted:
                 raise ValueError("optimizer='adam' moves unweighted particles: set weighted=False")
@@ -707,9 +709,11 @@ class ParticleFeatures(_BaseRandomFeatures):
                     if self.weighted else None)
         if reaction is not None:
             best["w"] = torch.full((n_part,), 1.0 / n_part, dtype=DTYPE)
+        # Adam's learning rate: eta is the per-particle step, lr = eta / sqrt(d)
+        lr = p["eta"] / math.sqrt(u0.shape[1]) if self.optimizer == "adam" else None
         result = learn_particles(ham, u0, schedule, batches, projection=proj, generator=gen,
                                  normalize_drift=self.normalize, callbacks=[callback],
-                                 method=self.optimizer, reaction=reaction)
+                                 method=self.optimizer, reaction=reaction, lr=lr)
         state, trace = result.state, result.trace
         u = best["u"] if use_val else state.omega
         w = best["w"] if use_val else result.weights
@@ -735,6 +739,7 @@ class ParticleFeatures(_BaseRandomFeatures):
             "tau",
             "births",
             "ess",
+            "lr",
         )
         self.history_ = [{k: float(t[k]) for k in keys if k in t} for t in trace]
         self.initial_alignment_ = a0

@@ -51,3 +51,37 @@ def test_langevin_setup_builds_the_configured_system():
     omega = torch.full((2, 9), 10.0)
     assert projection(omega)[0].norm(dim=1).tolist() == pytest.approx([1.5 * math.sqrt(9)] * 2)
     assert langevin_setup(dataclasses.replace(cfg, lam=0.0), dh=9)[0] is None
+
+
+NEW_FIELDS = ("method", "lr", "tau", "w_min", "normalize_drift")
+
+
+def test_configs_stored_before_the_method_fields_still_load_and_keep_their_keys():
+    from coulomb_attention.config import from_dict, to_dict
+    from coulomb_attention.studies.recall import run_key
+    from coulomb_attention.train import recall as lib
+    from coulomb_attention.train.run import RunConfig, checkpoint_config
+
+    def old(d):  # align as written before ParticleConfig held how particles move
+        return {**d, "align": {k: v for k, v in d["align"].items() if k not in NEW_FIELDS}}
+
+    recall = to_dict(from_dict(lib.RecallRunConfig, {"kernel": "learned",
+                                                     "model": {"attention": "favor"}}))
+    assert run_key(recall) == run_key(old(recall))
+    assert from_dict(lib.RecallRunConfig, old(recall)) == from_dict(lib.RecallRunConfig, recall)
+    changed = to_dict(from_dict(lib.RecallRunConfig, {**recall, "align": {
+        **recall["align"], "normalize_drift": True}}))
+    assert run_key(changed) != run_key(recall)
+    run = to_dict(RunConfig())
+    assert checkpoint_config(run) == checkpoint_config(old(run))
+    assert from_dict(RunConfig, old(run)) == from_dict(RunConfig, run)
+
+
+def test_a_learner_may_allow_fewer_methods_and_override_defaults():
+    with pytest.raises(ValueError, match="method"):
+        AlignConfig(method="adam")  # label alignment moves particles by Langevin only
+    assert RecallFitConfig().lr == 0.03 and DistillConfig().lr == ParticleConfig().lr
+    for cls in (DistillConfig, RecallFitConfig):
+        assert cls(method="hedgehog").method == "hedgehog"
+        with pytest.raises(ValueError, match="w_min"):
+            cls(w_min=1.5)

@@ -224,10 +224,11 @@ def test_adam_method_is_torch_adam_with_projection():
     x, y, omega, _, g = _problem(N=8)
     ham = Hamiltonian(LabelAlignment(_features))
     ball = Ball(1.5)
+    lr = 0.05 / math.sqrt(omega.shape[1])  # the old eta 0.05 as Adam's learning rate
     run = learn_particles(ham, omega, LangevinSchedule(steps=30, eta=0.05), [(x, y)],
-                          projection=ball, generator=g, method="adam")
+                          projection=ball, generator=g, method="adam", lr=lr)
     p = ball(omega.clone())[0].requires_grad_(True)
-    opt = torch.optim.Adam([p], lr=0.05 / math.sqrt(omega.shape[1]))
+    opt = torch.optim.Adam([p], lr=lr)
     energies = []
     for _ in range(30):
         e, grad, _ = ham.value_and_grad(p.detach(), [(x, y)])
@@ -240,7 +241,7 @@ def test_adam_method_is_torch_adam_with_projection():
     assert energies[-1] < energies[0] - 0.05  # alignment rose
     with pytest.raises(ValueError, match="beta=inf"):
         learn_particles(ham, omega, LangevinSchedule(steps=3, beta=10.0), [(x, y)],
-                        projection=ball, generator=g, method="adam")
+                        projection=ball, generator=g, method="adam", lr=lr)
 
 
 def test_bad_weights_and_options_raise():

@@ -166,9 +166,9 @@ def test_refinement_needs_steps_and_particles(tiny_dir, batch):
         DistillConfig(refine_max_drift=-1.0)
 
 
-def test_adam_fit_projects_after_every_step_and_ties_as_hedgehog():
+def test_adam_projects_after_every_step_and_ties_as_hedgehog():
+    from coulomb_attention.dynamics import LangevinSchedule, adam_fit, learn_particles
     from coulomb_attention.dynamics.projections import make_projection
-    from coulomb_attention.train.distill import adam_fit
 
     class Pull:  # D(w) = |w - target|^2 / 2 pulls every particle far outside the ball
         def value_and_grad(self, w, batches, comm=None):
@@ -178,11 +178,15 @@ def test_adam_fit_projects_after_every_step_and_ties_as_hedgehog():
     stream = iter(lambda: None, 1)
     w0 = torch.zeros(4, 3, dtype=torch.float64)
     ball = make_projection("ball", 1.0)
-    free, _ = adam_fit(Pull(), w0, stream, 50, 0.5, tied=False)
-    held, trace = adam_fit(Pull(), w0, stream, 50, 0.5, tied=False, projection=ball)
+    free, _ = adam_fit(Pull(), w0, stream, 50, 0.5)
+    held, trace = adam_fit(Pull(), w0, stream, 50, 0.5, projection=ball)
     assert free.norm(dim=1).max() > 5 and len(trace) == 50
     assert held.norm(dim=1).max() <= 1.0 + 1e-9  # on the ball, not past it
-    tied, _ = adam_fit(Pull(), w0, stream, 5, 0.5)
-    assert torch.equal(tied[2:], -tied[:2])  # omega = [W; -W]
+    one = torch.ones(2, 3, dtype=torch.float64)
+    tied0 = torch.cat([one, -one])
+    tied = learn_particles(Pull(), tied0, LangevinSchedule(steps=5), stream, projection=None,
+                           generator=torch.Generator(), method="hedgehog", lr=0.5).omega
+    assert torch.equal(tied[2:], -tied[:2]) and not torch.equal(tied, tied0)  # [W; -W]
     with pytest.raises(ValueError, match="untied"):
-        adam_fit(Pull(), w0, stream, 1, 0.5, projection=ball)
+        learn_particles(Pull(), w0, LangevinSchedule(steps=5), stream, projection=ball,
+                        generator=torch.Generator(), method="hedgehog", lr=0.5)

@@ -1,8 +1,9 @@
 """Projected Langevin dynamics as ``(init_fn, step_fn)`` and the projections (ball, box);
-weighted (Wasserstein-Fisher-Rao) particles and the projected-Adam ablation."""
+weighted (Wasserstein-Fisher-Rao) particles and the projected-Adam ablation; the one grouped
+particle fit of the learners (:func:`fit_particles`) and its trace format."""
 
 from .adam import AdamState, projected_adam
-from .config import ParticleConfig
+from .config import FIT_METHODS, ParticleConfig
 from .driver import (
     METHODS,
     DriftNormalizer,
@@ -11,6 +12,7 @@ from .driver import (
     cycle,
     learn_particles,
 )
+from .fit import TRACE_POINTS, ParticleFit, adam_fit, fit_particles, subsample_trace
 from .langevin import (
     SCHEDULES,
     LangevinState,
@@ -30,7 +32,13 @@ from .weighted import (
 
 __all__ = [
     "AdamState",
+    "FIT_METHODS",
     "METHODS",
+    "ParticleFit",
+    "TRACE_POINTS",
+    "adam_fit",
+    "fit_particles",
+    "subsample_trace",
     "ParticleConfig",
     "Reaction",
     "ReactionNormalizer",

@@ -3,23 +3,30 @@
 :class:`ParticleConfig` holds what defines a run of the particle dynamics of a phase A
 (``docs/DESIGN.md``: step size, temperature, repulsion, the projection set, the steps); the
 learners' configs (``train.phases.AlignConfig`` for label alignment, ``train.distill.DistillConfig``
-for attention distillation, ``train.recall_teacher.FitConfig`` for MQAR's teacher route) are
+for attention distillation, ``train.recall_teacher.RecallFitConfig`` for MQAR's teacher route) are
 subclasses of it that set their own defaults and add what is theirs (data sizes, the
-optimiser, the objective's options). The pair potential is built from ``potential``, ``s``,
-``eps`` and ``lam`` by the energy layer (``train.phases.langevin_setup``); the schedule and the
-projection come from here.
+objective's options). How the particles move (``method``: langevin, weighted, adam, hedgehog,
+with ``lr`` for the Adam methods and ``tau``, ``w_min`` for the weighted one) is here too, and
+:func:`~coulomb_attention.dynamics.fit.fit_particles` reads it. The pair potential is built
+from ``potential``, ``s``, ``eps`` and ``lam`` by the energy layer
+(``train.phases.langevin_setup``); the schedule and the projection come from here.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
-from .._validation import check_nonnegative, check_positive
+from .._validation import check_choice, check_nonnegative, check_positive
 from .driver import LangevinSchedule
 from .projections import make_projection
+from .weighted import Reaction
 
-__all__ = ["ParticleConfig"]
+__all__ = ["FIT_METHODS", "ParticleConfig"]
+
+# how a learner's particles move (:func:`~coulomb_attention.dynamics.fit.fit_particles`)
+FIT_METHODS = ("langevin", "weighted", "adam", "hedgehog")
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,20 @@ class ParticleConfig:
     s, eps : float       Riesz exponent and softening
     radius : float       radius of the projection ball, in units of sqrt(head_dim)
     max_drift : float    cap on one particle's drift per step (0: none)
+    method : str         langevin (the method), weighted (Wasserstein-Fisher-Rao particles:
+                         positions and masses), adam (the same particles by projected Adam:
+                         the plain-gradient ablation) or hedgehog (Adam on ``W``, ``omega =
+                         [W; -W]``, Hedgehog's map); a learner may allow fewer
+                         (``methods``)
+    lr : float           Adam's learning rate (adam, hedgehog)
+    tau : float          reaction step of the masses (weighted; normalised: the RMS change of
+                         ``log w_i`` per step, following the eta schedule)
+    w_min : float        death threshold of a mass in units of ``1/M`` (weighted; 0: no
+                         birth-death)
+    normalize_drift : bool  scale-free Langevin steps (running RMS of the drift)
     """
+
+    methods: ClassVar[tuple[str, ...]] = FIT_METHODS
 
     steps: int = 100
     eta: float = 0.05
@@ -48,13 +68,22 @@ class ParticleConfig:
     eps: float = 0.1
     radius: float = 3.0
     max_drift: float = 0.5
+    method: str = "langevin"
+    lr: float = 0.02
+    tau: float = 0.05
+    w_min: float = 0.1
+    normalize_drift: bool = False
 
     def __post_init__(self) -> None:
         check_positive("steps", self.steps, integer=True)
-        for name in ("eta", "eta_end", "radius", "eps"):
+        for name in ("eta", "eta_end", "radius", "eps", "lr"):
             check_positive(name, getattr(self, name))
         for name in ("beta", "lam", "max_drift", "s"):
             check_nonnegative(name, getattr(self, name))
+        check_choice("method", self.method, self.methods)
+        Reaction(tau=self.tau, w_min=self.w_min)  # validates both
+        if not isinstance(self.normalize_drift, bool):
+            raise TypeError(f"normalize_drift must be a bool, got {self.normalize_drift!r}")
 
     def schedule(self) -> LangevinSchedule:
         """The cosine step-size schedule ``eta -> eta_end`` over ``steps`` at ``beta``."""

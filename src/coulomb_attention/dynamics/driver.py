@@ -14,7 +14,10 @@ generator), and per-step callbacks (history, progress, checkpoint).
 Two options change what moves, not the loop: ``reaction=`` (a :class:`~.weighted.Reaction`)
 gives the particles masses (Wasserstein-Fisher-Rao transport + reaction + birth-death,
 :mod:`coulomb_attention.dynamics.weighted`), and ``method="adam"`` replaces the Langevin step
-by projected Adam (:mod:`coulomb_attention.dynamics.adam`, the plain-optimiser ablation).
+by projected Adam with learning rate ``lr`` (:mod:`coulomb_attention.dynamics.adam`, the
+plain-optimiser ablation; ``method="hedgehog"``: the same Adam on ``W`` with ``omega = [W; -W]``
+along the particle axis, Hedgehog's map). The grouped fits of the learners (one method name
+for each, head groups, one trace format) are :func:`coulomb_attention.dynamics.fit.fit_particles`.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from .weighted import Reaction, ReactionNormalizer, weighted_langevin
 __all__ = ["DriftNormalizer", "LangevinSchedule", "METHODS", "ParticleRun", "cycle",
            "learn_particles"]
 
-METHODS = ("langevin", "adam")
+METHODS = ("langevin", "adam", "hedgehog")
+ADAM_METHODS = ("adam", "hedgehog")  # no noise, Adam's learning rate ``lr``
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,7 @@ def learn_particles(
     schedule: LangevinSchedule,
     batches: Iterable | None = None,
     *,
-    projection: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    projection: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None,
     generator: torch.Generator,
     comm=None,
     normalize_drift: bool = False,
@@ -148,6 +152,7 @@ def learn_particles(
     method: str = "langevin",
     reaction: Reaction | None = None,
     weights0: torch.Tensor | None = None,
+    lr: float | None = None,
 ) -> ParticleRun:
     """Run the projected Langevin dynamics of ``hamiltonian`` from ``omega0``.
 
@@ -155,40 +160,52 @@ def learn_particles(
     ----------
     hamiltonian : an object with ``value_and_grad(omega, batches, comm)``
         (:class:`~coulomb_attention.energy.Hamiltonian`)
-    omega0 : Tensor, shape (N, d)   initial particles (projected first)
+    omega0 : Tensor, shape (N, d)   initial particles (projected first); ``adam``: any shape
+        ``(..., N, d)`` (e.g. ``(G, M, d)`` head groups; without a projection any shape at all),
+        ``hedgehog``: ``(..., 2 N', d)``
     schedule : LangevinSchedule
     batches : iterator (or sequence, then cycled) yielding one item per step; a step's energy
         sees ``[item]``, or the item itself when it is a ``list`` of batches (streamed together,
         e.g. ``itertools.repeat(all_batches)`` for exact full-data steps). ``None``: the data
         term sees no batches (``[]``).
-    projection : ``omega -> (projected omega, on-boundary mask (N,))`` (Ball, Box, ...)
+    projection : ``omega -> (projected omega, on-boundary mask (N,))`` (Ball, Box, ...); None
+        (``adam`` only): no constraint; ``hedgehog`` takes none
     generator : torch.Generator of the Langevin noise (same seed on every rank)
     comm : optional :class:`~coulomb_attention.energy.Comm`, the all-reduce hook
     normalize_drift : divide the gradient by a running RMS of the drift (:class:`DriftNormalizer`)
     callbacks : ``callback(state, info)`` after every step (may add keys to ``info``)
     progress : show a progress bar (a string: its description)
     start_step : the schedule's step to start at (a resumed run)
-    method : ``"langevin"`` (default) or ``"adam"`` (projected Adam, no noise: needs
+    method : ``"langevin"`` (default), ``"adam"`` (projected Adam, no noise: needs
         ``schedule.beta = inf``; ``normalize_drift`` and ``max_drift`` do not apply, Adam is
-        scale free)
+        scale free) or ``"hedgehog"`` (Adam on ``W``, ``omega = [W; -W]`` along dim -2)
     reaction : a :class:`~coulomb_attention.dynamics.weighted.Reaction`: weighted particles
         (masses, Fisher-Rao reaction, birth-death); the Hamiltonian then gets ``weights=``.
         ``normalize_drift`` then acts on the drift ``grad_i H / w_i``.
     weights0 : initial masses (N,) of a weighted run (default uniform)
+    lr : Adam's learning rate (``adam``/``hedgehog``, required there); step ``k`` uses
+        ``lr * eta_k / eta_0``, the shape of the schedule (a constant schedule: ``lr``)
 
     Returns
     -------
     ParticleRun
     """
-    if omega0.ndim != 2:
+    check_choice("method", method, METHODS)
+    adam = method in ADAM_METHODS
+    if omega0.ndim != 2 and not (adam and (omega0.ndim > 2 or projection is None)):
         raise ValueError(f"omega0 must have shape (N, d), got {tuple(omega0.shape)}")
     if not isinstance(schedule, LangevinSchedule):
         raise TypeError(f"schedule must be a LangevinSchedule, got {type(schedule).__name__}")
-    check_choice("method", method, METHODS)
     if reaction is not None and not isinstance(reaction, Reaction):
         raise TypeError(f"reaction must be a Reaction, got {type(reaction).__name__}")
-    if method == "adam" and reaction is not None:
-        raise ValueError("method='adam' moves unweighted particles; drop reaction=")
+    if adam and reaction is not None:
+        raise ValueError(f"method={method!r} moves unweighted particles; drop reaction=")
+    if adam and lr is None:
+        raise ValueError(f"method={method!r} needs lr (Adam's learning rate)")
+    if not adam and lr is not None:
+        raise ValueError(f"lr is Adam's learning rate; method={method!r} takes eta (schedule)")
+    if projection is None and not adam:
+        raise ValueError("the Langevin dynamics needs a projection")
     if weights0 is not None and reaction is None:
         raise ValueError("weights0 needs reaction= (a weighted run)")
     if batches is not None and isinstance(batches, Sequence):
@@ -227,14 +244,15 @@ def learn_particles(
         state = init_fn(omega0, generator, weights0)
         eta0 = schedule.eta
         tau_fn = (lambda k: reaction.tau * eta_fn(k) / eta0)  # noqa: E731
-    elif method == "adam":
+    elif adam:
         if math.isfinite(schedule.beta) or beta_fn is not None:
-            raise ValueError("method='adam' has no noise: the schedule needs beta=inf")
+            raise ValueError(f"method={method!r} has no noise: the schedule needs beta=inf")
         init_fn, step_fn = projected_adam(
             lambda omega, batch: hamiltonian.value_and_grad(omega, seen_of(batch), comm),
-            projection, eta=schedule.eta)
+            projection, lr=lr, tied_dim=-2 if method == "hedgehog" else None)
         state = init_fn(omega0, generator)
         tau_fn = None
+        eta0 = schedule.eta
     else:
         init_fn, step_fn = projected_langevin(energy_grad, projection, eta=schedule.eta,
                                               beta=schedule.beta, max_drift=schedule.max_drift)
@@ -251,7 +269,8 @@ def learn_particles(
     try:
         while state.step < schedule.steps:
             batch = next(batches) if batches is not None else None
-            kwargs = {"eta": eta_fn(state.step)}
+            kwargs = ({"lr": lr * (eta_fn(state.step) / eta0)} if adam
+                      else {"eta": eta_fn(state.step)})
             if beta_fn is not None:
                 kwargs["beta"] = beta_fn(state.step)
             if tau_fn is not None:

@@ -11,7 +11,7 @@ on FAVOR+ particles per head except ``hedgehog``, same seeds, sentences and step
 
 =========  ==================================================================================
 fixed      the fresh FAVOR+ draw of ``seed`` (no fit)
-gradient   omega by Adam on the same objectives (``method="adam"``): lam 0, no noise, no ball
+gradient   omega by Adam on the same objectives (``method="adam"``): lam 0, no noise, the ball
 langevin   projected Langevin, lam 0, finite ``beta`` (the method's defaults)
 coulomb    projected Langevin with Riesz repulsion ``lam`` > 0 at the same ``beta``
 hedgehog   Hedgehog's map ``[softmax(W x), softmax(-W x)]`` at the same M, Adam
@@ -192,6 +192,12 @@ def _distill_config(spec: dict[str, Any], budget: Budget):
     return cfg
 
 
+def _data(t: dict) -> float:
+    """A stored trace entry's data term (``data``; ``kl`` in records written before the one
+    trace format), 0.0 when absent."""
+    return t.get("data", t.get("kl")) or 0.0
+
+
 def _mean_trace(traces: list[list[dict]]) -> list[dict[str, float]]:
     """The per-layer traces averaged step by step: ``{step, energy, data, repulsion}``."""
     by_step: dict[int, list[dict]] = {}
@@ -201,9 +207,9 @@ def _mean_trace(traces: list[list[dict]]) -> list[dict[str, float]]:
     out = []
     for step in sorted(by_step):
         ts = by_step[step]
-        mean = {k: sum(float(t[k] or 0.0) for t in ts) / len(ts)
-                for k in ("energy", "kl", "repulsion")}
-        out.append({"step": step, "energy": mean["energy"], "data": mean["kl"],
+        mean = {k: sum(float(_data(t) if k == "data" else t[k] or 0.0) for t in ts) / len(ts)
+                for k in ("energy", "data", "repulsion")}
+        out.append({"step": step, "energy": mean["energy"], "data": mean["data"],
                     "repulsion": mean["repulsion"]})
     return out
 
@@ -314,7 +320,7 @@ def run(spec: dict[str, Any], *, run_dir: str | Path | None = None,
         "diagnostics": diagnostics,
         "energy_trace": _mean_trace(list(traces.values())),
         "refine_trace": [] if refine is None else [
-            {"step": t["step"], "energy": t["energy"], "data": t["kl"],
+            {"step": t["step"], "energy": t["energy"], "data": t.get("data", t.get("kl")),
              "repulsion": t["repulsion"]} for t in refine.get("trace", [])],
         "checkpoint": None if ckpt is None else str(ckpt),
         "fit_s": fit_time, "time_s": time.perf_counter() - t0,

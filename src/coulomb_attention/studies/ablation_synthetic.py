@@ -45,6 +45,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from ..data.synthetic import TASKS, make_task
+from ..dynamics import subsample_trace
 from ..dynamics.diagnostics import particle_diagnostics
 from ..estimators import ImportanceFeatures, ParticleFeatures, RandomFeatures
 
@@ -176,17 +177,6 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _energy_trace(history: list[dict]) -> list[dict]:
-    """Up to :data:`TRACE_POINTS` steps, evenly spaced, the last one included."""
-    if not history:
-        return []
-    k = len(history)
-    idx = sorted({round(i * (k - 1) / max(TRACE_POINTS - 1, 1)) for i in range(TRACE_POINTS)})
-    return [{"step": i + 1, "energy": _finite(history[i]["energy"]),
-             "data": _finite(-history[i]["alignment"]),
-             "repulsion": _finite(history[i].get("repulsion", 0.0))} for i in idx]
-
-
 def run(spec: dict) -> dict:
     """Fit the spec's map and a logistic regression; the record (see the contract)."""
     t0 = time.perf_counter()
@@ -206,7 +196,7 @@ def run(spec: dict) -> dict:
         score_train=float(clf.score(F_tr, y_tr)),
         alignment_test=float(est.score(X_te, y_te)),
         diagnostics={k: _finite(v) for k, v in diagnostics.items()},
-        energy_trace=_energy_trace(history),
+        energy_trace=subsample_trace(history, TRACE_POINTS),
         time_s=time.perf_counter() - t0,
     )
     if isinstance(est, ParticleFeatures):

@@ -26,16 +26,25 @@ if TYPE_CHECKING:
 __all__ = ["ROUTE_FIELDS", "run_grid", "run_key"]
 
 ROUTE_FIELDS = ("init", "objective", "fit", "teacher_train")
+# fields of the token-level phase A's config added after rows were first written, with the
+# value every earlier row had (they leave its resume key unchanged)
+ALIGN_LATER = {"method": "langevin", "lr": 0.02, "tau": 0.05, "w_min": 0.1,
+               "normalize_drift": False}
 
 
 def run_key(config: dict[str, Any]) -> str:
     """A run's resume key: its resolved config, without the teacher-route fields when the run
     does not use them, without ``tune_omega`` when it is off and without ``omega_lr_scale``
-    when it is 1 (rows written before those fields existed keep their key)."""
+    when it is 1, without the fields ``align`` gained from the particle config (``method``,
+    ``lr``, ``tau``, ``w_min``, ``normalize_drift``) at their defaults (rows written before
+    those fields existed keep their key)."""
     if not config.get("tune_omega", False):
         config = {k: v for k, v in config.items() if k != "tune_omega"}
     if config.get("omega_lr_scale", 1.0) == 1.0:
         config = {k: v for k, v in config.items() if k != "omega_lr_scale"}
+    if isinstance(config.get("align"), dict):
+        config = {**config, "align": {k: v for k, v in config["align"].items()
+                                      if not (k in ALIGN_LATER and v == ALIGN_LATER[k])}}
     if config.get("init", "warmup") == "warmup" and \
             config.get("objective", "token_pair") == "token_pair":
         config = {k: v for k, v in config.items() if k not in ROUTE_FIELDS}

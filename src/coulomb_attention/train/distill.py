@@ -4,8 +4,8 @@ In a pretrained encoder the queries and keys are fixed, so the kernel is everyth
 converted in order; for layer ``l`` the inputs ``h`` are computed with the already-converted
 layers ``< l`` (:func:`coulomb_attention.train.capture.layer_inputs`), the teacher row of a
 query is the layer's own softmax row ``softmax_s(q_t . k_s)`` on those inputs, and the
-particles of each head group follow the one projected-Langevin driver
-(:func:`coulomb_attention.dynamics.learn_particles`) on
+particles of each head group move by the one particle fit
+(:func:`coulomb_attention.dynamics.fit_particles`, the method ``config.method``) on
 
     H(Omega) = D_teacher(Omega) + lam W_{N,s}(Omega)
 
@@ -54,7 +54,13 @@ import torch
 from torch import nn
 
 from .._validation import check_choice, check_nonnegative, check_positive
-from ..dynamics import ParticleConfig, Reaction, cycle, learn_particles
+from ..dynamics import (
+    ParticleConfig,
+    adam_fit,
+    cycle,
+    fit_particles,
+    subsample_trace,
+)
 from ..energy import (
     POTENTIALS,
     EmbeddingTeacher,
@@ -80,10 +86,9 @@ __all__ = [
     "embedding_data",
     "refine_encoder",
     "split_examples",
-    "subsample_trace",
 ]
 
-METHODS = ("langevin", "hedgehog", "adam", "weighted")
+METHODS = ("langevin", "hedgehog", "adam", "weighted")  # dynamics.FIT_METHODS (fit_particles)
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -102,8 +107,9 @@ class DistillConfig(ParticleConfig):
     steps : int             steps per layer and head group
     method : str            ``langevin`` (the method), ``hedgehog`` (baseline, Adam) or ``adam``
                             (the same omega by Adam on the same loss: no noise, no repulsion,
-                            no ball; the plain-gradient ablation) or ``weighted`` (WFR
-                            particles: positions and masses, module doc)
+                            the same ball; the plain-gradient ablation) or ``weighted`` (WFR
+                            particles: positions and masses, module doc); moved by
+                            :func:`~coulomb_attention.dynamics.fit_particles`
     eta, eta_end : float    Langevin step size, cosine schedule eta -> eta_end
     beta : float            inverse temperature (0: infinity, projected gradient descent)
     lam : float             Riesz repulsion strength (0: none)
@@ -134,7 +140,6 @@ class DistillConfig(ParticleConfig):
     batch_size: int = 64
     rows_per_sequence: int = 16
     steps: int = 150
-    method: str = "langevin"
     eta: float = 3.0
     eta_end: float = 0.3
     beta: float = 1e6
@@ -144,9 +149,7 @@ class DistillConfig(ParticleConfig):
     eps: float = 0.1
     radius: float = 3.0
     max_drift: float = 0.3
-    normalize_drift: bool = False
     output_weight: float = 0.0
-    lr: float = 0.02
     dtype: str = "float64"
     layers: tuple[int, ...] | None = None
     refine_steps: int = 200
@@ -155,22 +158,18 @@ class DistillConfig(ParticleConfig):
     refine_max_drift: float = 0.05
     refine_lr: float = 0.01
     refine_examples: int = 4096
-    tau: float = 0.05
-    w_min: float = 0.1
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        Reaction(tau=self.tau, w_min=self.w_min)  # validates both
         for name in ("n_examples", "batch_size", "refine_examples"):
             check_positive(name, getattr(self, name), integer=True)
         for name in ("holdout", "rows_per_sequence", "refine_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        check_choice("method", self.method, METHODS)
         check_choice("potential", self.potential, POTENTIALS)
         check_choice("dtype", self.dtype, DTYPES)
-        for name in ("lr", "refine_eta", "refine_eta_end", "refine_lr"):
+        for name in ("refine_eta", "refine_eta_end", "refine_lr"):
             check_positive(name, getattr(self, name))
         for name in ("output_weight", "refine_max_drift"):
             check_nonnegative(name, getattr(self, name))
@@ -185,8 +184,9 @@ class DistillConfig(ParticleConfig):
 class WindowFitConfig:
     """How the window weights of a hybrid student (``KernelAttention.set_window_``) are
     learned: in each stage the particles move by the stage's method with the weights held,
-    then the weights (``sigmoid`` of a logit per head) by Adam (:func:`adam_fit`, untied) on
-    the same data term with the particles held.
+    then the weights (``sigmoid`` of a logit per head) by Adam
+    (:func:`~coulomb_attention.dynamics.adam_fit`) on the same data term with the particles
+    held.
 
     Attributes
     ----------
@@ -269,62 +269,7 @@ def capture_teacher_batches(
     return out
 
 
-# ---------------------------------------------------------------------------- hedgehog
-
-
-def adam_fit(term, omega0, stream, steps, lr, dim=0, comm=None, tied=True, projection=None):
-    """The one plain-Adam loop on a data term (the baselines and ablations of the particle
-    dynamics): Adam on ``W`` with ``omega = [W; -W]`` along ``dim`` (``tied``, Hedgehog's map:
-    the baseline's layer-wise fit, ``dim`` 0 of one group's (M, d), and its refinement, ``dim``
-    1 of all groups' (L G, M, d)), or on ``omega`` itself (``tied=False``: the plain-gradient
-    ablation), ``steps`` steps, one batch of ``stream`` per step. ``projection``: ``(N, d) ->
-    (projected, mask)`` applied after every step (``tied=False`` only; e.g. the ball of the
-    Langevin runs, so both see the same constraint). Returns ``(omega, trace)``."""
-    if projection is not None and tied:
-        raise ValueError("projection applies to the untied fit (tied=False) only")
-    half = omega0.shape[dim] // 2
-    w = (omega0.narrow(dim, 0, half) if tied else omega0).clone().requires_grad_(True)
-    opt = torch.optim.Adam([w], lr=lr)
-    trace = []
-    for _ in range(steps):
-        wd = w.detach()
-        value, grad, info = term.value_and_grad(torch.cat([wd, -wd], dim) if tied else wd,
-                                                [next(stream)], comm)
-        opt.zero_grad()
-        w.grad = (grad.narrow(dim, 0, half) - grad.narrow(dim, half, half) if tied
-                  else grad.to(w.dtype))
-        opt.step()
-        if projection is not None:
-            with torch.no_grad():
-                w.copy_(projection(w.view(-1, w.shape[-1]))[0].view(w.shape))
-        trace.append({"energy": float(value), **info})
-    wd = w.detach()
-    return (torch.cat([wd, -wd], dim) if tied else wd), trace
-
-
 # ---------------------------------------------------------------------------- distillation
-
-
-def subsample_trace(trace: list[dict], n: int) -> list[dict]:
-    """At most ``n`` entries of a run's per-step ``trace``, evenly spaced (first and last kept),
-    each ``{step, energy, kl, repulsion}`` (``kl``: the data term's row KL or ``1 - cos`` of
-    the refinement, None when absent; ``repulsion`` 0.0 without a potential)."""
-    if n <= 0 or not trace:
-        return []
-    k = min(n, len(trace))
-    idx = sorted({round(i * (len(trace) - 1) / max(k - 1, 1)) for i in range(k)})
-
-    def num(x):
-        return None if x is None else float(x)
-
-    out = []
-    for i in idx:
-        t = trace[i]
-        data = t.get("kl", None if "cos" not in t else 1.0 - t["cos"])
-        rep = t.get("repulsion", 0.0)
-        out.append({"step": i, "energy": float(t["energy"]), "kl": num(data),
-                    "repulsion": 0.0 if rep != rep else float(rep)})  # NaN: not computed
-    return out
 
 
 def _evaluate(term, omega, batches, comm, weights=None):
@@ -388,7 +333,8 @@ def distill_attention(
     resume : ``{"next_layer", "records", "generator_state"}`` from ``on_layer_done``: continue
         with layer ``next_layer`` (the model must already hold the converted earlier layers)
     keep_trace : when > 0, each record also holds ``trace``: at most this many steps of its
-        run (:func:`subsample_trace`)
+        run (:func:`~coulomb_attention.dynamics.subsample_trace`: ``{step, energy, data,
+        repulsion}``, ``data`` the row KL)
 
     Returns
     -------
@@ -449,54 +395,19 @@ def distill_attention(
         hold_g = [[b.heads(h) for b in hold_b] for h in parts]
         before = [(_evaluate(term, omega_all[g], fit_g[g], comm),
                    _evaluate(term, omega_all[g], hold_g[g], comm)) for g in range(groups)]
-        traces: list[list[dict]] = []
-        masses = None
-        if config.method == "weighted":  # WFR: one run per head group (its own masses)
-            order = torch.randperm(len(fit_g[0]), generator=generator).tolist()
-            reaction = Reaction(tau=config.tau, w_min=config.w_min)
-            runs = [learn_particles(
-                Hamiltonian(term, potential, lam=config.lam), omega_all[g], schedule,
-                cycle(fit_g[g], order), projection=projection, generator=noise, comm=comm,
-                normalize_drift=config.normalize_drift, reaction=reaction,
-                progress=f"layer {li} head group {g} (weighted)" if progress else False)
-                for g in range(groups)]
-            new_omega = torch.stack([r.omega for r in runs]).to(dtype)
-            masses = torch.stack([r.weights for r in runs]).to(dtype)  # (G, M)
-            traces = [r.trace for r in runs]
-        elif config.method == "langevin":
-            # all head groups in ONE Langevin run (batched over heads, no loop): G independent
-            # particle systems (Hamiltonian(groups=G): repulsion within each group only, the
-            # data term the mean of the per-group terms, so each particle feels the force of
-            # its own group's run)
-            grouped = groups > 1
-            ham = Hamiltonian(TeacherAttention(
-                per_head(layer.feature) if grouped else layer.feature,
-                output_weight=config.output_weight, dtype=dtype),
-                potential, lam=config.lam, groups=groups)
-            batches = fit_b if grouped else fit_g[0]
-            order = torch.randperm(len(batches), generator=generator).tolist()
-            run = learn_particles(
-                ham, omega_all.reshape(groups * omega_all.shape[1], dh), schedule,
-                cycle(batches, order), projection=projection, generator=noise, comm=comm,
-                normalize_drift=config.normalize_drift,
-                progress=f"layer {li} ({groups} head group(s))" if progress else False)
-            new_omega = run.omega.reshape(omega_all.shape).to(dtype)
-            traces = [run.trace] * groups
-        else:
-            # Adam (hedgehog's tied W, or omega itself with method="adam"): all head groups in
-            # one run too; the data term is the mean of the per-group terms, and Adam's steps
-            # are invariant to that 1/G scale, so each group moves as in its own Adam run
-            grouped = groups > 1
-            term_all = TeacherAttention(per_head(layer.feature) if grouped else layer.feature,
-                                        output_weight=config.output_weight, dtype=dtype)
-            batches = fit_b if grouped else fit_g[0]
-            order = torch.randperm(len(batches), generator=generator).tolist()
-            omega, trace = adam_fit(term_all, omega_all if grouped else omega_all[0],
-                                         cycle(batches, order), config.steps, config.lr,
-                                         dim=1 if grouped else 0,
-                                         tied=config.method == "hedgehog")
-            new_omega = omega.reshape(omega_all.shape).to(dtype)
-            traces = [trace] * groups
+        # the method (dynamics.fit_particles): langevin moves all head groups in ONE run
+        # (batched over heads: Hamiltonian(groups=G), repulsion within each group only, the
+        # data term the mean of the per-group terms), weighted one run per group (its own
+        # masses), adam / hedgehog one Adam run of all groups
+        order = torch.randperm(len(fit_b), generator=generator).tolist()
+        fit = fit_particles(
+            TeacherAttention(per_head(layer.feature), output_weight=config.output_weight,
+                             dtype=dtype), term, omega_all, fit_b, order, config=config,
+            lift=lambda t, g: Hamiltonian(t, potential, lam=config.lam, groups=g),
+            projection=projection, schedule=schedule, noise=noise,
+            group_batches=lambda g: fit_g[g], comm=comm,
+            progress=f"layer {li} ({groups} head group(s))" if progress else False)
+        new_omega, masses, traces = fit.omega.to(dtype), fit.masses, fit.traces
         window_rec = {}
         if layer.window and layer.window_linear:  # the hybrid's weights, particles held
             wf = window_fit or WindowFitConfig()
@@ -507,7 +418,7 @@ def distill_attention(
             logit0 = layer.window_logit.detach().to("cpu", dtype)
             order = torch.randperm(len(fit_b), generator=generator).tolist()
             logits, wtrace = adam_fit(wterm, logit0, cycle(fit_b, order), wf.steps, wf.lr,
-                                      comm=comm, tied=False) if wf.steps else (logit0, [])
+                                      comm=comm) if wf.steps else (logit0, [])
             with torch.no_grad():
                 layer.window_logit.copy_(logits.to(layer.window_logit))
             gamma = torch.sigmoid(logits.double())
@@ -722,19 +633,18 @@ def refine_encoder(
 
     before = (cos(omega0, fit_b), cos(omega0, hold_b))
     order = torch.randperm(len(train_b), generator=generator).tolist()
-    if config.method in ("hedgehog", "adam"):
-        omega, trace = adam_fit(term, omega0, cycle(train_b, order), config.refine_steps,
-                                     config.refine_lr, dim=1, comm=comm,
-                                     tied=config.method == "hedgehog")
-    else:
-        potential, projection, schedule = langevin_setup(dataclasses.replace(
-            config, steps=config.refine_steps, eta=config.refine_eta,
-            eta_end=config.refine_eta_end, max_drift=config.refine_max_drift), dh)
-        ham = Hamiltonian(term, potential, lam=config.lam, groups=len(layers) * G)
-        run = learn_particles(ham, omega0.reshape(-1, dh), schedule, cycle(train_b, order),
-                              projection=projection, generator=noise, comm=comm,
-                              progress="refine (all layers)" if progress else False)
-        omega, trace = run.omega.reshape(omega0.shape).to(omega0.dtype), run.trace
+    # the refinement's steps and step sizes; the driver's drift normalisation stays off here
+    # (as before ParticleConfig held normalize_drift), weighted layers move positions only
+    rconfig = dataclasses.replace(
+        config, steps=config.refine_steps, eta=config.refine_eta, eta_end=config.refine_eta_end,
+        max_drift=config.refine_max_drift, lr=config.refine_lr, normalize_drift=False)
+    potential, projection, schedule = langevin_setup(rconfig, dh)
+    fit = fit_particles(
+        term, term, omega0, train_b, order, config=rconfig,
+        lift=lambda t, g: Hamiltonian(t, potential, lam=config.lam, groups=g),
+        projection=projection, schedule=schedule, noise=noise, comm=comm,
+        progress="refine (all layers)" if progress else False, positions_only=True)
+    omega, trace = fit.omega, fit.trace
     for j, layer in enumerate(layers):
         layer.load_features_(omega[j * G:(j + 1) * G])
     wf = window_fit or WindowFitConfig()
@@ -744,7 +654,7 @@ def refine_encoder(
         wterm = EmbeddingTeacher(_WindowLogitsOf(model, hybrid))
         logit0 = torch.stack([layer.window_logit.detach() for layer in hybrid])  # (L, H)
         logits, wtrace = adam_fit(wterm, logit0, cycle(train_b, order), wf.refine_steps,
-                                  wf.refine_lr, comm=comm, tied=False)
+                                  wf.refine_lr, comm=comm)
         with torch.no_grad():
             for j, layer in enumerate(hybrid):
                 layer.window_logit.copy_(logits[j].to(layer.window_logit))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -60,7 +60,12 @@ class AlignConfig(ParticleConfig):
     holdout : int            further training examples, only to measure the alignment
     batch_size : int         examples per Langevin step (one cached mini-batch)
     center : bool            centered alignment
+
+    The particles move by projected Langevin dynamics only (``method`` langevin; ``lr``,
+    ``tau`` and ``w_min`` of the other methods do not apply); ``normalize_drift`` applies.
     """
+
+    methods: ClassVar[tuple[str, ...]] = ("langevin",)
 
     n_examples: int = 4096
     holdout: int = 1024
@@ -297,7 +302,7 @@ def align_features(
             order = torch.randperm(len(fit_batches), generator=generator).tolist()
             result = learn_particles(
                 ham, omega0, schedule, cycle(fit_batches, order), projection=projection,
-                generator=generator, comm=comm)
+                generator=generator, comm=comm, normalize_drift=config.normalize_drift)
             state, trace = result.state, result.trace
             after = _alignment(state.omega, fit_batches, features, config.center, comm)
             hold_after = (_alignment(state.omega, hold_batches, features, config.center, comm)

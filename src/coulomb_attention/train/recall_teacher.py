@@ -23,12 +23,14 @@ Objectives (:data:`OBJECTIVES`), all the causal row KL of
 - ``indicator``      the one-hot row of the retrieval position ``s*(t)`` at the query
                      positions (row KL = cross-entropy ``-log a_{t s*(t)}``; no teacher rows)
 
-Fitting methods (:data:`FIT_METHODS`): ``langevin`` (the method: the Hamiltonian
+Fitting methods (:data:`FIT_METHODS`, all moved by
+:func:`~coulomb_attention.dynamics.fit_particles`): ``langevin`` (the method: the Hamiltonian
 ``D + lam W_{N,s}`` through :func:`~coulomb_attention.dynamics.learn_particles`; ``lam = 0``
 and finite ``beta`` is the noise-only ablation), ``adam`` (plain Adam on ``D``, no noise, no
 repulsion, projected on the same ball after each step: the reviewer's "gradient" ablation),
 ``hedgehog`` (Hedgehog's map ``[softmax(W x), softmax(-W x)]`` at the same feature count, Adam
-on ``W``: :func:`~coulomb_attention.train.distill.use_hedgehog_map_`) and ``weighted``
+on ``W``, all head groups in one run: :func:`~coulomb_attention.nn.attention.use_hedgehog_map_`)
+and ``weighted``
 (Wasserstein-Fisher-Rao particles, :mod:`coulomb_attention.dynamics.weighted`: each particle
 carries a mass ``w_i`` (uniform ``1/M`` at the start), the row objective sees features scaled
 by ``sqrt(M w_i)`` (:class:`~coulomb_attention.energy.TeacherAttention` with ``weights=``);
@@ -49,20 +51,19 @@ from torch import nn
 
 from .._validation import check_choice, check_positive
 from ..data.mqar import MQARData
-from ..dynamics import ParticleConfig, Reaction, cycle, learn_particles
+from ..dynamics import ParticleConfig, fit_particles, subsample_trace
 from ..dynamics.diagnostics import particle_diagnostics
 from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, per_head
 from ..nn.attention import use_hedgehog_map_
 from .capture import layer_inputs
-from .distill import adam_fit
 from .phases import langevin_setup, run_phase_a
 
 __all__ = ["FIT_METHODS", "OBJECTIVES", "RecallFitConfig", "fit_recall_omega",
            "load_teacher_weights_", "omega_diagnostics", "teacher_batches"]
 
 OBJECTIVES = ("teacher", "teacher_query", "indicator")
+# every method of the particle fit (dynamics.FIT_METHODS), in the order the command lists them
 FIT_METHODS = ("langevin", "adam", "hedgehog", "weighted")
-TRACE_POINTS = 50
 
 
 @dataclass(frozen=True)
@@ -73,19 +74,11 @@ class RecallFitConfig(ParticleConfig):
 
     Attributes
     ----------
-    method : str             langevin, adam, hedgehog or weighted (module doc)
     n_examples : int         training sequences the rows come from (the first ones)
     holdout : int            further sequences (not trained on), to measure the row KL
     batch_size : int         sequences per step (one cached mini-batch)
-    normalize_drift : bool   scale-free Langevin steps
-    lr : float               Adam learning rate (adam, hedgehog)
-    tau : float              reaction step of the masses (weighted): the RMS change of
-                             ``log w_i`` per step (normalised), following the eta schedule
-    w_min : float            death threshold of a mass in units of ``1/M`` (weighted; 0: no
-                             birth-death)
     """
 
-    method: str = "langevin"
     n_examples: int = 2048
     holdout: int = 512
     batch_size: int = 128
@@ -102,19 +95,13 @@ class RecallFitConfig(ParticleConfig):
     eps: float = 0.1
     radius: float = 3.0
     max_drift: float = 0.3
-    normalize_drift: bool = False
     lr: float = 0.03
-    tau: float = 0.05
-    w_min: float = 0.1
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_choice("method", self.method, FIT_METHODS)
         check_choice("potential", self.potential, POTENTIALS)
         for name in ("n_examples", "holdout", "batch_size"):
             check_positive(name, getattr(self, name), integer=True)
-        check_positive("lr", self.lr)
-        Reaction(tau=self.tau, w_min=self.w_min)  # validates both
 
 
 @torch.no_grad()
@@ -172,17 +159,6 @@ def teacher_batches(model: nn.Module, layer_index: int, data: MQARData, objectiv
     return out
 
 
-def _subsample(trace: list[dict], data_key: str) -> list[dict]:
-    """At most :data:`TRACE_POINTS` ``{step, energy, data, repulsion}``, evenly spaced."""
-    if not trace:
-        return []
-    idx = sorted({round(i * (len(trace) - 1) / max(TRACE_POINTS - 1, 1))
-                  for i in range(min(TRACE_POINTS, len(trace)))})
-    return [{"step": i, "energy": float(trace[i]["energy"]),
-             "data": float(trace[i].get(data_key, trace[i]["energy"])),
-             "repulsion": float(trace[i].get("repulsion", 0.0))} for i in idx]
-
-
 def fit_recall_omega(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
                      objective: str, config: RecallFitConfig,
                      generator: torch.Generator) -> dict[str, Any]:
@@ -223,51 +199,25 @@ def fit_recall_omega(model: nn.Module, fit_data: MQARData, hold_data: MQARData,
                                "holdout_kl_before": kl(omega0, hold_b)}
         potential, projection, schedule = langevin_setup(config, dh)
         order = torch.randperm(len(fit_b), generator=generator).tolist()
-        stream = cycle(fit_b, order)
-        mass = None
-        if config.method == "weighted":  # WFR: one run per head group (its heads' rows)
-            per = layer.heads // G
-            single = TeacherAttention(layer.feature)
-            noise = torch.Generator().manual_seed(
-                int(torch.randint(0, 2**62, (1,), generator=generator)))
-            reaction = Reaction(tau=config.tau, w_min=config.w_min)
-            runs = [learn_particles(
-                Hamiltonian(single, potential, lam=config.lam), omega0[g], schedule,
-                cycle([b.heads(slice(g * per, (g + 1) * per)) for b in fit_b], order),
-                projection=projection, generator=noise, normalize_drift=config.normalize_drift,
-                reaction=reaction) for g in range(G)]
-            omega = torch.stack([r.omega for r in runs])
-            mass = torch.stack([r.weights for r in runs])  # (G, M)
-            trace = runs[0].trace
-            rec["births"] = sum(r.state.births for r in runs)
+        per = layer.heads // G
+        fit = fit_particles(
+            term, TeacherAttention(layer.feature), omega0, fit_b, order, config=config,
+            lift=lambda t, g: Hamiltonian(t, potential, lam=config.lam, groups=g),
+            projection=projection, schedule=schedule,
+            # the noise seed is drawn only by the methods with noise (langevin, weighted)
+            noise=lambda: torch.Generator().manual_seed(
+                int(torch.randint(0, 2**62, (1,), generator=generator))),
+            group_batches=lambda g: [b.heads(slice(g * per, (g + 1) * per)) for b in fit_b])
+        omega, mass, trace = fit.omega, fit.masses, fit.trace
+        if mass is not None:
+            rec["births"] = fit.births
             rec["ess"] = float((1 / (mass * mass).sum(-1)).mean()) / M
-        elif config.method == "langevin":
-            ham = Hamiltonian(term, potential, lam=config.lam, groups=G)
-            noise = torch.Generator().manual_seed(
-                int(torch.randint(0, 2**62, (1,), generator=generator)))
-            run = learn_particles(ham, omega0.reshape(G * M, dh), schedule, stream,
-                                  projection=projection, generator=noise,
-                                  normalize_drift=config.normalize_drift)
-            omega, trace = run.omega.reshape(G, M, dh), run.trace
-        elif config.method == "adam":
-            omega, trace = adam_fit(term, omega0 if grouped else omega0[0], stream, config.steps,
-                                    config.lr, tied=False, projection=projection)
-            trace = [{**t, "repulsion": 0.0} for t in trace]
-            omega = omega.reshape(G, M, dh)
-        else:  # hedgehog: Adam on W with omega = [W; -W], per group
-            per = layer.heads // G
-            single = TeacherAttention(layer.feature)
-            parts = [adam_fit(single, omega0[g],
-                                   cycle([b.heads(slice(g * per, (g + 1) * per)) for b in fit_b],
-                                         order), config.steps, config.lr) for g in range(G)]
-            omega = torch.stack([p[0] for p in parts])
-            trace = [{**t, "repulsion": 0.0} for t in parts[0][1]]
         layer.load_features_(omega.to(layer.omega.dtype))
         layer.load_masses_(mass)
         rec.update({
             "kl_after": kl(omega, fit_b, mass), "holdout_kl_after": kl(omega, hold_b, mass),
             "omega_shift": float((omega - omega0).norm() / omega0.norm().clamp_min(1e-30)),
-            "energy_trace": _subsample(trace, "kl"),
+            "energy_trace": subsample_trace(trace),
         })
         if not all(math.isfinite(rec[k]) for k in ("kl_after", "holdout_kl_after")):
             raise FloatingPointError(f"the {config.method} fit of omega gave a non-finite row KL")
