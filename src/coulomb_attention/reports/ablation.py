@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..dynamics.variants import VARIANTS as _VOCABULARY
 from ..results import atomic_write_text, read_jsonl
 from ..stats import mean_interval, paired_difference
 from . import pyplot
@@ -54,10 +55,9 @@ __all__ = [
     "write_ablation_report",
 ]
 
-#: variant names shared by the arenas, in the order the study plans them and the report shows
-#: them (docs/ablation.md, "The contract"); :mod:`coulomb_attention.studies.ablation` uses it
-VARIANTS = ("fixed", "gradient", "langevin", "coulomb", "weighted", "importance", "hedgehog",
-            "end2end")
+#: the variant names, in the order the studies plan them and the report shows them: the
+#: vocabulary's (:data:`coulomb_attention.dynamics.variants.VARIANTS`, what each one fits)
+VARIANTS = tuple(_VOCABULARY)
 
 REFERENCES = ("gradient", "fixed", "langevin", "hedgehog")
 #: a yes/no verdict needs this many paired seeds (below it the interval says nothing)

@@ -158,6 +158,7 @@ def _particle_map(spec: dict[str, Any]) -> str:
 
 
 def _distill_config(spec: dict[str, Any], budget: Budget):
+    from ..dynamics.variants import particle_overrides
     from ..train.distill import DistillConfig
 
     p, v = spec["params"], spec["variant"]
@@ -171,16 +172,13 @@ def _distill_config(spec: dict[str, Any], budget: Budget):
                          steps=budget.steps, refine_steps=budget.refine_steps,
                          refine_examples=spec["n_fit"], lr=lr,
                          refine_lr=budget.refine_lr * lr / budget.lr)
-    methods = {"gradient": dict(method="adam", lam=0.0, beta=0.0),
-               "langevin": dict(method="langevin", lam=0.0, beta=p.get("beta", BETA)),
-               "coulomb": dict(method="langevin", lam=p.get("lam", 0.0),
-                               beta=p.get("beta", BETA)),
-               "hedgehog": dict(method="hedgehog", lam=0.0),
-               "weighted": dict(method="weighted", lam=p.get("lam", WEIGHTED_LAM),
-                                beta=p.get("beta", BETA), tau=p.get("tau", WEIGHTED_TAU))}
-    if v == "coulomb" and not p.get("lam", 0) > 0:
-        raise ValueError(f"the coulomb variant needs params lam > 0, got {p!r}")
-    cfg = dataclasses.replace(base, **methods[v]) if v in methods else base
+    # the vocabulary's particle fit (dynamics.variants) over this arena's defaults; "lr" is
+    # already in base (with the refinement's rate), "map" and "eta_scale" are read here
+    defaults = {"langevin": {"beta": BETA}, "coulomb": {"beta": BETA},
+                "weighted": {"lam": WEIGHTED_LAM, "beta": BETA, "tau": WEIGHTED_TAU}}
+    over = particle_overrides(v, {**defaults.get(v, {}), **{
+        k: x for k, x in p.items() if k not in ("lr", "map", "eta_scale")}})
+    cfg = dataclasses.replace(base, **over) if over is not None else base
     if "eta_scale" in p:  # optional param of the Langevin variants: a step-size sweep
         c = float(p["eta_scale"])
         if v not in ("langevin", "coulomb") or not c > 0:

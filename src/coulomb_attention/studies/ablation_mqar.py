@@ -75,28 +75,23 @@ QUICK = {"n_train": 2000, "n_eval": 500, "teacher_train": {"epochs": 4},
 
 
 def _variant_overrides(variant: str, params: dict[str, Any]) -> dict[str, Any]:
-    """RecallRunConfig overrides of one variant (``ValueError`` for an unknown one)."""
-    if variant == "fixed":
-        return {"kernel": "vanilla"}
-    learned = {"kernel": "learned", "objective": OBJECTIVE}
-    if variant == "gradient":
-        return {**learned, "fit": {"method": "adam", "lr": params["lr"]}}
-    if variant in ("langevin", "coulomb"):
-        return {**learned, "fit": {"method": "langevin", "lam": params["lam"],
-                                   "beta": params["beta"]}}
-    if variant == "hedgehog":
-        return {**learned, "fit": {"method": "hedgehog", "lr": params["lr"]}}
-    if variant == "weighted":  # optional "w_min": the death threshold (default 0.1 / M)
-        return {**learned, "fit": {"method": "weighted", "lam": params["lam"],
-                                   "beta": params["beta"], "tau": params["tau"],
-                                   **{k: params[k] for k in ("w_min",) if k in params}}}
-    if variant == "end2end":  # optional "omega_lr_scale": omega's phase-B learning rate / lr
-        return {**learned, "fit": {"method": "adam", "lr": params["lr"]}, "tune_omega": True,
-                **{k: params[k] for k in ("omega_lr_scale",) if k in params}}
+    """RecallRunConfig overrides of one variant: the vocabulary's particle fit
+    (:mod:`coulomb_attention.dynamics.variants`) as ``fit``; ``end2end`` also trains omega in
+    phase B (optional param ``omega_lr_scale``: omega's phase-B learning rate / lr)."""
+    from ..dynamics.variants import particle_overrides
+
     if variant in PENDING_VARIANTS:
         raise ValueError(f"variant {variant!r} is not implemented in the MQAR arena yet")
-    raise ValueError(f"unknown variant {variant!r}; valid: fixed, gradient, langevin, coulomb, "
-                     "hedgehog, weighted, end2end")
+    fit = particle_overrides(variant, params)  # ValueError for an unknown name
+    if fit is None:
+        if variant != "fixed":
+            raise ValueError(f"variant {variant!r} does not run in the MQAR arena")
+        return {"kernel": "vanilla"}
+    over = {"kernel": "learned", "objective": OBJECTIVE, "fit": fit}
+    if variant == "end2end":
+        over.update(tune_omega=True,
+                    **{k: params[k] for k in ("omega_lr_scale",) if k in params})
+    return over
 
 
 def _merge(base: dict, over: dict) -> dict:

@@ -47,6 +47,7 @@ from sklearn.linear_model import LogisticRegression
 from ..data.synthetic import TASKS, make_task
 from ..dynamics import subsample_trace
 from ..dynamics.diagnostics import particle_diagnostics
+from ..dynamics.variants import estimator_kwargs, particle_overrides
 from ..estimators import ImportanceFeatures, ParticleFeatures, RandomFeatures
 
 __all__ = [
@@ -130,46 +131,40 @@ def plan(quick: bool, seeds: list[int], features: list[int] | None) -> list[dict
     return specs
 
 
-def _coulomb(p: dict, M: int, seed: int) -> ParticleFeatures:
-    lam = float(p.get("lam", 0.01))
-    if lam <= 0:
-        raise ValueError(f"the coulomb variant needs lam > 0, got {lam}")
-    return ParticleFeatures(M, lam=lam, beta=float(p.get("beta", math.inf)), random_state=seed)
-
-
-def _gradient(p: dict, M: int, seed: int) -> ParticleFeatures:
-    opt = p.get("optimizer", "adam")
-    if opt not in ("adam", "drift"):
-        raise ValueError(f"the gradient variant's optimizer is 'adam' or 'drift', got {opt!r}")
-    return ParticleFeatures(M, optimizer="adam" if opt == "adam" else "langevin", lam=0.0,
-                            random_state=seed)
-
-
-_BUILDERS = {
-    "fixed": lambda p, M, seed: RandomFeatures(M, random_state=seed),
-    "importance": lambda p, M, seed: ImportanceFeatures(M, random_state=seed),
-    "gradient": _gradient,
-    "langevin": lambda p, M, seed: ParticleFeatures(M, lam=0.0, beta=float(p["beta"]),
-                                                    random_state=seed),
-    "coulomb": _coulomb,
-    "weighted": lambda p, M, seed: ParticleFeatures(
-        M, weighted=True, lam=float(p.get("lam", 0.01)), beta=float(p.get("beta", math.inf)),
-        tau=float(p.get("tau", 0.05)), transport=bool(p.get("transport", True)),
-        random_state=seed),
-}
+#: the arena's params defaults (over the vocabulary's, dynamics.variants): no noise, the
+#: estimator's default repulsion and the weighted variant's reaction step
+_DEFAULTS = {"coulomb": {"lam": 0.01, "beta": 0.0},
+             "weighted": {"lam": 0.01, "beta": 0.0, "tau": 0.05}}
 
 
 def make_estimator(variant: str, params: dict, M: int, seed: int):
-    """The unfitted feature map of a variant (see the module table)."""
-    if variant not in _BUILDERS:
-        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(_BUILDERS)}")
+    """The unfitted feature map of a variant (see the module table): the fixed maps, or
+    ``ParticleFeatures`` with the vocabulary's particle fit (:mod:`coulomb_attention.dynamics.
+    variants`) in the estimator's names; ``optimizer: drift`` (gradient) and ``transport``
+    (weighted) are this arena's own params."""
+    if variant not in _ALLOWED:
+        raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(_ALLOWED)}")
     unknown = set(params) - _ALLOWED[variant]
     if unknown:
         raise ValueError(f"variant {variant!r} takes params {sorted(_ALLOWED[variant])}, got "
                          f"{sorted(unknown)}")
     if variant == "langevin" and "beta" not in params:
         raise ValueError("the langevin variant needs a finite beta in params")
-    return _BUILDERS[variant](params, int(M), int(seed))
+    M, seed = int(M), int(seed)
+    if variant == "fixed":
+        return RandomFeatures(M, random_state=seed)
+    if variant == "importance":
+        return ImportanceFeatures(M, random_state=seed)
+    p = {**_DEFAULTS.get(variant, {}), **params}
+    over = particle_overrides(variant, {k: v for k, v in p.items()
+                                        if k not in ("optimizer", "transport")})
+    opt = p.get("optimizer", "adam")
+    if opt not in ("adam", "drift"):
+        raise ValueError(f"the gradient variant's optimizer is 'adam' or 'drift', got {opt!r}")
+    if opt == "drift":  # the Langevin driver's normalised drift, no noise, no repulsion
+        over["method"] = "langevin"
+    extra = {"transport": bool(p["transport"])} if "transport" in p else {}
+    return ParticleFeatures(M, **estimator_kwargs(over), **extra, random_state=seed)
 
 
 def _finite(x: float) -> float | None:
