@@ -92,3 +92,6 @@ def test_wall_time_counts_each_cached_conversion_once(tmp_path):
     write_report(tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "Wall time: 3 runs, 0.10 h" in text  # sst2: two teacher runs and softmax
+    assert "All tasks: 4 runs, 0.13 h (probe, phase B and evaluation); 2 conversions they " \
+        "use, 0.17 h (each counted once); 0.30 h in all." in text
+    assert json.loads((tmp_path / "report.json").read_text())["wall"] == w

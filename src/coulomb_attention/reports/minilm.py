@@ -166,7 +166,13 @@ def _cell(t, fmt=".4f") -> str:
     return f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
 
 
-def _markdown(summary, checks) -> str:
+def _wall_line(head: str, w: dict[str, float]) -> str:
+    return (f"{head}: {w['runs']} runs, {w['run_s'] / 3600:.2f} h (probe, phase B and "
+            f"evaluation); {w['conversions']} conversions they use, {w['conversion_s'] / 3600:.2f}"
+            f" h (each counted once); {w['total_s'] / 3600:.2f} h in all.")
+
+
+def _markdown(summary, checks, wall: dict[str, float]) -> str:
     lines = ["# Pretrained encoder with learned linear attention: the comparison", "",
              "Means over seeds with 95% t-intervals; paired differences on common seeds "
              f"(verdicts only from {MIN_SEEDS_FOR_VERDICT} seeds). Made from results.jsonl by "
@@ -192,9 +198,9 @@ def _markdown(summary, checks) -> str:
                           else f"{mean:+.4f}")
                     lines.append(f"| {pair} | {lab} | {ci} | {n} | {ahead}/{n} |")
         w = s["wall"]
-        lines += [f"Wall time: {w['runs']} runs, {w['run_s'] / 3600:.2f} h (probe, phase B and "
-                  f"evaluation), {w['conversions']} conversions first made here "
-                  f"{w['conversion_s'] / 3600:.2f} h; {w['total_s'] / 3600:.2f} h in all.", ""]
+        lines += [_wall_line("Wall time", w), ""]
+    if len(summary) > 1:
+        lines += [_wall_line("All tasks", wall), ""]
     lines += ["## Targets", "", "| task | target | met |", "|---|---|---|"]
     for c in checks:
         met = {True: "yes", False: "no", None: "not measured"}[c["met"]]
@@ -246,11 +252,13 @@ def _nan_to_none(obj):
 def write_report(out: str | Path) -> list[Path]:
     """``out/report.md``, ``out/report.json`` and one plot per task from ``out/results.jsonl``."""
     out = Path(out)
-    summary = summarise(load_rows(out))
+    rows = load_rows(out)
+    summary = summarise(rows)
     checks = targets(summary)
-    atomic_write_text(out / "report.md", _markdown(summary, checks))
+    wall = wall_time(rows)
+    atomic_write_text(out / "report.md", _markdown(summary, checks, wall))
     atomic_write_json(out / "report.json", {"summary": _nan_to_none(json.loads(json.dumps(
-        summary, default=list))), "targets": checks})
+        summary, default=list))), "targets": checks, "wall": wall})
     paths = [out / "report.md", out / "report.json"]
     for task, s in summary.items():
         _plot(task, s, out / f"{task}.png")
