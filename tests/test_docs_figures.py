@@ -145,32 +145,46 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
     (R, "8.17", _bench_ratio(max), "{:.2f}"),
 ]
 
-# the fine-tuned MiniLM table and its paired differences (docs/results.md and the README)
+# the fine-tuned MiniLM tables (one per task, after its heading in docs/results.md; "-" where
+# the task has no such evaluation) and their paired differences (docs/results.md, README)
 _MINILM_ROWS = {"softmax:vanilla": "softmax MiniLM", "favor:vanilla": "FAVOR+ fixed",
                 "favor:teacher": "FAVOR+ learned (teacher)", "hedgehog:hedgehog": "Hedgehog's map"}
-_MINILM_COLS = ("accuracy", "ece", "log_loss", "brier", "advglue_accuracy")
+_MINILM_COLS = ("accuracy", "ece", "log_loss", "brier", "corrupted_accuracy", "advglue_accuracy")
+_MINILM_TASKS = {"sst2": "### SST-2", "rotten_tomatoes": "### Rotten Tomatoes"}
 
 
 def _minilm_quotes() -> list[tuple]:
-    text = (REPO / R).read_text()
+    lines = (REPO / R).read_text().splitlines()
     out = []
-    for variant, label in _MINILM_ROWS.items():
-        line = next((x for x in text.splitlines() if x.startswith(f"| {label} |")), None)
-        assert line is not None, f"docs/results.md has no MiniLM row {label!r}"
-        cells = [c.strip() for c in line.split("|")[2:2 + len(_MINILM_COLS)]]
-        out += [(R, cell, _minilm(variant, metric), F3)
-                for cell, metric in zip(cells, _MINILM_COLS, strict=True)]
+    for task, heading in _MINILM_TASKS.items():
+        assert heading in lines, f"docs/results.md has no MiniLM table {heading!r}"
+        rest = lines[lines.index(heading):]
+        for variant, label in _MINILM_ROWS.items():
+            line = next((x for x in rest if x.startswith(f"| {label} |")), None)
+            assert line is not None, f"docs/results.md has no MiniLM row {label!r} ({task})"
+            cells = [c.strip() for c in line.split("|")[3:3 + len(_MINILM_COLS)]]
+            out += [(R, cell, _minilm(variant, metric, task), F3)
+                    for cell, metric in zip(cells, _MINILM_COLS, strict=True) if cell != "-"]
     return out
 
 
-QUOTES += [
-    *_paired(R, MINI_MD, "+0.0470 [+0.0272, +0.0668]", "| favor:teacher - favor:vanilla | accuracy",
-             fmt=S4),
-    *_paired(R, MINI_MD, "-0.0192 [-0.0393, +0.0009]",
-             "| favor:teacher - softmax:vanilla | accuracy", fmt=S4),
-    *_paired(R, MINI_MD, "-0.0138 [-0.0250, -0.0025]",
-             "| favor:teacher - hedgehog:hedgehog | accuracy", fmt=S4),
+def _minilm_pair(doc: str, text: str, pair: str, task: str) -> list[tuple]:
+    """``mean [lo, hi]`` of a paired accuracy difference of the MiniLM report, task ``task``."""
+    return _paired(doc, MINI_MD, text, f"| {pair} | accuracy", after=f"## {task} (", fmt=S4)
+
+
+_MINILM_PAIRS = [  # (documents, text, pair, task)
+    ((R, ME), "+0.0484 [+0.0345, +0.0623]", "favor:teacher - favor:vanilla", "sst2"),
+    ((R, ME), "-0.0158 [-0.0323, +0.0007]", "favor:teacher - softmax:vanilla", "sst2"),
+    ((R, ME), "+0.0397 [+0.0058, +0.0737]", "favor:teacher - favor:vanilla", "rotten_tomatoes"),
+    ((R, ME), "-0.0134 [-0.0209, -0.0060]", "favor:teacher - softmax:vanilla", "rotten_tomatoes"),
+    ((R,), "-0.0099 [-0.0231, +0.0034]", "favor:teacher - hedgehog:hedgehog", "sst2"),
+    ((R,), "-0.0063 [-0.0157, +0.0032]", "favor:teacher - hedgehog:hedgehog", "rotten_tomatoes"),
 ]
+for _docs, _text, _pair, _task in _MINILM_PAIRS:
+    for _doc in _docs:
+        QUOTES += _minilm_pair(_doc, _text, _pair, _task)
+QUOTES.append((R, "0.876", js("minilm_finetune/sst2_full_softmax.json", "accuracy"), F3))
 
 # numbers that are settings, not measurements
 PARAMETERS = {R: {"0.01", "0.1", "95%"}, ME: {"3.10"}}  # lambdas, a CI level, Python
