@@ -47,7 +47,8 @@ def plot(results_path: Path, png_path: Path) -> None:
              "Particle": "learned particles", "RBFSampler": "scikit-learn RBFSampler"}
     seen = [k for k in colors if any(n.startswith(k) for n in names)]
     ax0.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colors[k], label=kinds[k])
-                        for k in seen], fontsize=7, loc="lower right")
+                        for k in seen], fontsize=7, ncol=2, loc="upper center",
+               bbox_to_anchor=(0.5, -0.16))  # below the axis: the bars keep their labels
     trace_colors = ("tab:blue", "tab:purple", "tab:red", "tab:brown")
     for i, (name, trace) in enumerate(res["traces"].items()):
         color = trace_colors[i % len(trace_colors)]
