@@ -92,8 +92,9 @@ def pool_records(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
             missing = [k for k in SPEC_KEYS if k not in r]
             if missing:
                 raise ValueError(f"a record in {path} lacks {', '.join(missing)}")
-            pooled.pop(record_key(r), None)  # a replaced record takes the later position
-            pooled[record_key(r)] = r
+            key = record_key(r)
+            pooled.pop(key, None)  # a replaced record takes the later position
+            pooled[key] = r
     return list(pooled.values())
 
 
@@ -172,17 +173,24 @@ def paired_differences(records: list[dict[str, Any]],
                 if lab == ref or (lab in refs and refs.index(lab) < refs.index(ref)):
                     continue
                 for m in sorted(set(labels[lab]) & set(labels[ref])):
-                    a, b = labels[lab][m], labels[ref][m]
-                    seeds = sorted(set(a) & set(b))
-                    if not seeds:
-                        continue
-                    mean, lo, hi, n = paired_difference([a[s]["score"] for s in seeds],
-                                                        [b[s]["score"] for s in seeds])
-                    ahead = sum(a[s]["score"] > b[s]["score"] for s in seeds)
-                    rows.append({"arena": arena, "setting": setting, "M": m, "label": lab,
-                                 "reference": ref, "mean": mean, "low": lo, "high": hi,
-                                 "n": n, "seeds": seeds, "ahead": ahead})
+                    pair = _pair(labels[lab][m], labels[ref][m])
+                    if pair:
+                        rows.append({"arena": arena, "setting": setting, "M": m, "label": lab,
+                                     "reference": ref, **pair})
     return rows
+
+
+def _pair(a: dict[int, dict], b: dict[int, dict]) -> dict[str, Any] | None:
+    """``a - b`` of two ``{seed: record}`` cells, paired by seed over the seeds both have:
+    ``mean, low, high, n, seeds, ahead`` (seeds where ``a`` scores strictly higher); None
+    without a common seed."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    mean, lo, hi, n = paired_difference([a[s]["score"] for s in seeds],
+                                        [b[s]["score"] for s in seeds])
+    return {"mean": mean, "low": lo, "high": hi, "n": n, "seeds": seeds,
+            "ahead": sum(a[s]["score"] > b[s]["score"] for s in seeds)}
 
 
 def capacity_differences(records: list[dict[str, Any]],
@@ -201,18 +209,10 @@ def capacity_differences(records: list[dict[str, Any]],
                 continue
             for m in sorted(labels[lab]):
                 for k in factors:
-                    if k * m not in fixed:
-                        continue
-                    a, b = labels[lab][m], fixed[k * m]
-                    seeds = sorted(set(a) & set(b))
-                    if not seeds:
-                        continue
-                    mean, lo, hi, n = paired_difference([a[s]["score"] for s in seeds],
-                                                        [b[s]["score"] for s in seeds])
-                    rows.append({"arena": arena, "setting": setting, "M": m, "label": lab,
-                                 "fixed_M": k * m, "mean": mean, "low": lo, "high": hi,
-                                 "n": n, "seeds": seeds,
-                                 "ahead": sum(a[s]["score"] > b[s]["score"] for s in seeds)})
+                    pair = _pair(labels[lab][m], fixed[k * m]) if k * m in fixed else None
+                    if pair:
+                        rows.append({"arena": arena, "setting": setting, "M": m, "label": lab,
+                                     "fixed_M": k * m, **pair})
     return rows
 
 

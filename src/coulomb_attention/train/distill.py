@@ -77,7 +77,6 @@ from .capture import layer_inputs
 from .phases import langevin_setup, run_phase_a
 
 __all__ = [
-    "METHODS",
     "DistillConfig",
     "WindowFitConfig",
     "align_to_softmax",
@@ -88,7 +87,6 @@ __all__ = [
     "split_examples",
 ]
 
-METHODS = ("langevin", "hedgehog", "adam", "weighted")  # dynamics.FIT_METHODS (fit_particles)
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
