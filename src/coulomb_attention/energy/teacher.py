@@ -416,7 +416,7 @@ class WindowWeights:
     """The window weights of a hybrid student as the variable of a data term: ``value_and_grad
     (logits (H,), batches)`` is ``term``'s value with fixed particles ``omega`` and the window
     weight ``sigmoid(logits)`` per head in every batch (which must carry a window), and its
-    gradient in the logits (for :func:`coulomb_attention.train.distill.adam_fit`)."""
+    gradient in the logits (for :func:`coulomb_attention.dynamics.adam_fit`)."""
 
     term: TeacherAttention
     omega: torch.Tensor
