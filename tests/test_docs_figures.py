@@ -180,11 +180,14 @@ _MINILM_PAIRS = [  # (documents, text, pair, task)
     ((R, ME), "-0.0134 [-0.0209, -0.0060]", "favor:teacher - softmax:vanilla", "rotten_tomatoes"),
     ((R,), "-0.0099 [-0.0231, +0.0034]", "favor:teacher - hedgehog:hedgehog", "sst2"),
     ((R,), "-0.0063 [-0.0157, +0.0032]", "favor:teacher - hedgehog:hedgehog", "rotten_tomatoes"),
+    ((R,), "+0.0639 [+0.0507, +0.0772]", "softmax:vanilla - none:vanilla", "sst2"),
+    ((R,), "+0.0447 [+0.0301, +0.0594]", "favor:teacher - none:vanilla", "sst2"),
 ]
 for _docs, _text, _pair, _task in _MINILM_PAIRS:
     for _doc in _docs:
         QUOTES += _minilm_pair(_doc, _text, _pair, _task)
 QUOTES.append((R, "0.876", js("minilm_finetune/sst2_full_softmax.json", "accuracy"), F3))
+QUOTES.append((R, "0.800", _minilm("none:vanilla", "accuracy"), F3))
 
 # numbers that are settings, not measurements
 PARAMETERS = {R: {"0.01", "0.1", "95%"}, ME: {"3.10"}}  # lambdas, a CI level, Python

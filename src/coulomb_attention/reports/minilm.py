@@ -35,6 +35,8 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("hedgehog:teacher", "hedgehog:hedgehog"),
     ("favor:teacher", "hedgehog:teacher"),
     ("favor:vanilla", "softmax:vanilla"),
+    ("softmax:vanilla", "none:vanilla"),  # does attention matter here (no-mixing control)?
+    ("favor:teacher", "none:vanilla"),
     ("favor:labels", "favor:vanilla"),
     ("favor:teacher", "favor:labels"),
     ("porf_softplus:teacher", "porf_softplus:vanilla"),
