@@ -398,3 +398,92 @@ def test_convert_window_learns_its_weights_and_round_trips(tiny_dir, tmp_path, c
                    "--out", str(tmp_path / "bad"), "--no-progress"])
         err = capsys.readouterr().err.strip()
         assert rc == 2 and msg in err and "\n" not in err, (argv, err)
+
+
+def test_pseudo_documents_are_full_length_held_out_texts_without_repeats_inside(tiny_dir):
+    from coulomb_attention.data.documents import pseudo_documents
+
+    tok = load_pretrained_tokenizer(tiny_dir)
+    ids, mask, info = pseudo_documents(tok, SENTENCES, 20, 5, seed=3)
+    assert ids.shape == (5, 20) and bool(mask.all())
+    assert (ids[:, 0] == tok.token_to_id("[CLS]")).all()
+    assert (ids[:, -1] == tok.token_to_id("[SEP]")).all()
+    assert info["reused"] and info["texts_used"] == len(SENTENCES)  # 5 x 18 tokens > the pool
+    again = pseudo_documents(tok, SENTENCES, 20, 5, seed=3)[0]
+    assert torch.equal(ids, again) and not torch.equal(ids, pseudo_documents(
+        tok, SENTENCES, 20, 5, seed=4)[0])
+    one, _, info1 = pseudo_documents(tok, SENTENCES, 12, 1, seed=0)
+    assert not info1["reused"] and 1 < info1["texts_per_document"] <= len(SENTENCES)
+    for kw, msg in [(dict(length=2), "length"), (dict(n=0), "n"), (dict(texts=[" "]), "no texts"),
+                    (dict(texts=["good"], length=20), "fewer than one document")]:
+        args = {"texts": SENTENCES, "length": 16, "n": 2, **kw}
+        with pytest.raises(ValueError, match=msg):
+            pseudo_documents(tok, args["texts"], args["length"], args["n"])
+
+
+def test_window_mass_of_uniform_attention_is_the_window_share(tiny_dir):
+    """Zero queries: every row of softmax attention is uniform over the L keys, so the mass
+    inside the window of row t is |N(t)| / L (closed form); a window covering everything: 1."""
+    from coulomb_attention.convert import window_mass
+
+    model = load_pretrained_encoder(tiny_dir, "softmax")
+    with torch.no_grad():
+        for layer in model.attention_layers:
+            layer.q_proj.weight.zero_()
+            layer.q_proj.bias.zero_()
+    L, W = 10, 4
+    ids = torch.randint(5, 17, (3, L), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, L, dtype=torch.bool)
+    t = torch.arange(L)
+    want = float(((t[:, None] - t[None, :]).abs() <= W // 2).sum(1).double().mean() / L)
+    got = window_mass(model, ids, mask, W, batch_size=2)
+    assert got == pytest.approx([want] * 2, abs=1e-12)
+    assert window_mass(load_pretrained_encoder(tiny_dir, "softmax"), ids, mask, 2 * L) == \
+        pytest.approx([1.0, 1.0], abs=1e-12)
+    padded = mask.clone()
+    padded[:, 6:] = False  # 6 real tokens: uniform over them, padded rows not counted
+    t6 = torch.arange(6)
+    want6 = float(((t6[:, None] - t6[None, :]).abs() <= W // 2).sum(1).double().mean() / 6)
+    assert window_mass(model, ids, padded, W) == pytest.approx([want6] * 2, abs=1e-12)
+
+
+def test_convert_measures_pseudo_documents_of_the_hybrid(tiny_dir, tmp_path, capsys):
+    """`convert --doc-lengths`: fidelity on held-out pseudo-documents (the shipped RT sample's
+    test reviews), the teacher's mass inside the window with a window, in result.json, the
+    report and the command's output; too long for the model's positions: one line, exit 2."""
+    from coulomb_attention.cli import main
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    flags = ["--encoder", str(tiny_dir), "--n-features", "6", "--sentences", str(sent),
+             "--max-length", "16", "--n-sentences", "9", "--holdout", "3", "--steps", "3",
+             "--refine-steps", "0", "--eval-sentences", "8", "--probe-tasks", "--no-hf",
+             "--no-progress", "--batch-size", "3"]
+    rc = main(["convert", *flags, "--window", "4", "--doc-lengths", "12", "24",
+               "--doc-count", "4", "--out", str(tmp_path / "hyb")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "24-token pseudo-documents: cosine mean" in out
+    docs = json.loads((tmp_path / "hyb" / "result.json").read_text())["documents"]
+    assert docs["task"] == "rotten_tomatoes" and docs["n"] == 4
+    for n in ("12", "24"):
+        row = docs["lengths"][n]
+        assert row["n"] == 4 and -1 <= row["cos_mean"] <= 1 and row["texts_per_document"] >= 1
+        assert all(0 < m <= 1 for m in row["window_mass"]["per_layer"])
+    # a longer document leaves less of the attention inside the same window
+    assert docs["lengths"]["24"]["window_mass"]["mean"] < docs["lengths"]["12"]["window_mass"][
+        "mean"]
+    assert "pseudo-documents" in (tmp_path / "hyb" / "report.md").read_text()
+    rc = main(["convert", *flags, "--variant", "softmax", "--doc-lengths", "16",
+               "--doc-count", "3", "--out", str(tmp_path / "soft")])
+    res = json.loads((tmp_path / "soft" / "result.json").read_text())
+    assert rc == 0 and res["documents"]["lengths"]["16"]["cos_mean"] == pytest.approx(1, abs=1e-6)
+    assert "window_mass" not in res["documents"]["lengths"]["16"]  # no window, no mass
+    capsys.readouterr()
+    rc = main(["convert", *flags, "--variant", "vanilla", "--doc-lengths", "30",
+               "--out", str(tmp_path / "long")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "30" in err and "positions" in err and "\n" not in err
+    rc = main(["convert", *flags, "--doc-lengths", "16", "--doc-count", "2",
+               "--out", str(tmp_path / "few")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "doc_count" in err and ">= 3" in err

@@ -57,12 +57,14 @@ __all__ = [
     "conversion_key",
     "conversion_of_run",
     "convert_encoder",
+    "document_fidelity",
     "embed",
     "embedding_fidelity",
     "load_sentences",
     "probe_metrics",
     "read_sentence_file",
     "time_forward",
+    "window_mass",
 ]
 
 #: Variants of the comparison: how the particles are obtained.
@@ -106,6 +108,11 @@ class ConvertConfig:
     window_linear : bool      False: the window alone, no linear term (the ablation of the
                               linear branch; nothing to learn, the stages are skipped)
     window_fit : WindowFitConfig  how the window weights are learned
+    doc_lengths : tuple of int  also measure the fidelity on held-out pseudo-documents of these
+                              token lengths (:func:`document_fidelity`; at most the model's
+                              positions); empty: none (default)
+    doc_count : int           pseudo-documents per length (>= 3)
+    doc_task : str            the task whose evaluation texts are concatenated
     """
 
     encoder: str = "minilm"
@@ -127,6 +134,9 @@ class ConvertConfig:
     window: int = 0
     window_linear: bool = True
     window_fit: WindowFitConfig = field(default_factory=WindowFitConfig)
+    doc_lengths: tuple[int, ...] = ()
+    doc_count: int = 32
+    doc_task: str = "rotten_tomatoes"
 
     def __post_init__(self) -> None:
         maps = [n for n, f in ATTENTION_FEATURES.items() if f.has_features]
@@ -169,6 +179,13 @@ class ConvertConfig:
         if self.feature_map == "hedgehog" and self.n_features % 2:
             raise ValueError(f"n_features must be even for feature_map 'hedgehog', got "
                              f"{self.n_features}")
+        object.__setattr__(self, "doc_lengths", tuple(self.doc_lengths))
+        for n in self.doc_lengths:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 3:
+                raise ValueError(f"doc_lengths must be integers >= 3, got {n!r}")
+        if isinstance(self.doc_count, bool) or not isinstance(self.doc_count, int) or \
+                self.doc_count < 3:  # Spearman of pairwise cosines needs 2 pairs or more
+            raise ValueError(f"doc_count must be an integer >= 3, got {self.doc_count!r}")
 
 
 # ---------------------------------------------------------------------------- data
@@ -255,6 +272,69 @@ def embedding_fidelity(teacher: torch.Tensor, student: torch.Tensor) -> dict[str
     rho = float(np.corrcoef(_rank(pt), _rank(ps))[0, 1]) if len(pt) > 1 else float("nan")
     return {"cos_mean": float(cos.mean()), "cos_p5": float(np.percentile(cos, 5)),
             "cos_min": float(cos.min()), "spearman": rho, "n": int(t.shape[0])}
+
+
+@torch.no_grad()
+def window_mass(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, window: int,
+                batch_size: int = 8) -> list[float]:
+    """Per layer, the share of a softmax model's attention mass inside the window (``|s - t| <=
+    window / 2``, the hybrid's ``N(t)``; causal layers: the ``window`` most recent keys), mean
+    over heads and real query rows. How much a window alone could carry."""
+    from .nn.ops.window import window_masks
+    from .train.capture import layer_inputs
+
+    mask = attention_mask.bool()
+    chunks = [(input_ids[i:i + batch_size], mask[i:i + batch_size])
+              for i in range(0, len(input_ids), batch_size)]
+    out = []
+    for li, layer in enumerate(model.attention_layers):
+        total, rows = 0.0, 0
+        for (h, _), (_, m) in zip(layer_inputs(model, li, chunks), chunks, strict=True):
+            logits = layer.queries(h).double() @ layer.keys(h).double().transpose(-1, -2)
+            inside, _rest = window_masks(h.shape[1], window, layer.causal)
+            visible = m[:, None, None, :]
+            if layer.causal:
+                visible = visible & torch.ones_like(inside).tril()[None, None]
+            p = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
+            share = (p * inside[None, None]).sum(-1)  # (B, H, T)
+            total += float((share * m[:, None, :]).sum())
+            rows += int(m.sum()) * share.shape[1]
+        out.append(total / rows)
+    return out
+
+
+def document_fidelity(teacher, model, tokenizer, config: ConvertConfig, data_dir=None
+                      ) -> dict[str, Any]:
+    """The fidelity (:func:`embedding_fidelity`) on held-out pseudo-documents of every
+    ``config.doc_lengths`` (:func:`coulomb_attention.data.documents.pseudo_documents` of
+    ``config.doc_task``'s evaluation texts; seed ``20_000 + config.seed``) and, with a window,
+    the teacher's attention mass inside it (:func:`window_mass`)."""
+    from .data.documents import document_texts, pseudo_documents
+
+    positions = int(teacher.config.max_len)
+    too_long = [n for n in config.doc_lengths if n > positions]
+    if too_long:
+        raise ValueError(f"pseudo-documents of {too_long} tokens exceed the model's {positions} "
+                         "positions")
+    texts = document_texts(config.doc_task, data_dir)
+    out: dict[str, Any] = {"task": config.doc_task, "n": config.doc_count, "lengths": {}}
+    for length in config.doc_lengths:
+        ids, mask, info = pseudo_documents(tokenizer, texts, length, config.doc_count,
+                                           20_000 + config.seed)
+        bs = max(1, min(config.batch_size, 4096 // length))
+
+        def emb(m, ids=ids, mask=mask, bs=bs):
+            with torch.no_grad():
+                return torch.cat([m.sentence_embedding(ids[i:i + bs], mask[i:i + bs])
+                                  for i in range(0, len(ids), bs)]).float()
+
+        row = {**embedding_fidelity(emb(teacher), emb(model)), **info}
+        if config.window:
+            per_layer = window_mass(teacher, ids, mask, config.window, bs)
+            row["window_mass"] = {"per_layer": per_layer,
+                                  "mean": sum(per_layer) / len(per_layer)}
+        out["lengths"][str(length)] = row
+    return out
 
 
 def probe_features(emb: torch.Tensor, pair: bool) -> np.ndarray:
@@ -386,6 +466,10 @@ def convert_encoder(
     else:
         model = load_pretrained_encoder(directory, config.feature_map, config.n_features,
                                         share_features=False, generator=config.seed)
+    too_long = [n for n in config.doc_lengths if n > int(bert["max_position_embeddings"])]
+    if too_long:  # before the conversion, not after it
+        raise ValueError(f"pseudo-documents of {too_long} tokens exceed the model's "
+                         f"{bert['max_position_embeddings']} positions")
     if config.window:
         if config.window > int(bert["max_position_embeddings"]):
             raise ValueError(f"window {config.window} is larger than the model's "
@@ -480,6 +564,8 @@ def convert_encoder(
         result["fidelity"] = embedding_fidelity(
             target, embed(model, tok, held, config.max_length, config.batch_size))
         result["probe"] = run_probes(model, tok, config, data_dir)
+        if config.doc_lengths:
+            result["documents"] = document_fidelity(teacher, model, tok, config, data_dir)
         result["eval_s"] = time.perf_counter() - t0
         if finished is not None:  # its own row, never mixed with the pure-linear one
             t0 = time.perf_counter()
@@ -529,6 +615,9 @@ def _to_json(config) -> dict[str, Any]:
         d.pop("finish")  # configurations from before the finishing stage compare equal
     if isinstance(config, ConvertConfig) and not config.window:
         for key in ("window", "window_linear", "window_fit"):  # likewise the window's
+            d.pop(key)
+    if isinstance(config, ConvertConfig) and not config.doc_lengths:
+        for key in ("doc_lengths", "doc_count", "doc_task"):  # and the pseudo-documents'
             d.pop(key)
     return json.loads(json.dumps(d, default=list))
 

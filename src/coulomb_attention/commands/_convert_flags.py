@@ -15,7 +15,8 @@ CONVERT_FLAGS = {"encoder": "encoder", "feature_map": "feature_map", "n_features
                  "seed": "seed", "variant": "variant", "tasks": "tasks",
                  "max_length": "max_length", "eval_sentences": "eval_sentences",
                  "probe_tasks": "probe_tasks", "probe_train": "probe_train",
-                 "probe_eval": "probe_eval", "window": "window"}
+                 "probe_eval": "probe_eval", "window": "window", "doc_lengths": "doc_lengths",
+                 "doc_count": "doc_count"}
 #: flag (dest) -> DistillConfig field
 DISTILL_FLAGS = {"n_sentences": "n_examples", "holdout": "holdout", "steps": "steps",
                  "batch_size": "batch_size", "rows": "rows_per_sequence", "eta": "eta",
@@ -33,7 +34,7 @@ HELP_DEFAULTS = {
                 "variant": "particles", "tasks": ("sst2", "rotten_tomatoes", "qqp"),
                 "max_length": 64, "eval_sentences": 512,
                 "probe_tasks": ("sst2", "rotten_tomatoes"), "probe_train": 2000,
-                "probe_eval": 0, "window": 0},
+                "probe_eval": 0, "window": 0, "doc_lengths": (), "doc_count": 32},
     "distill": {"n_examples": 1024, "holdout": 256, "steps": 150, "batch_size": 64,
                 "rows_per_sequence": 16, "eta": 3.0, "eta_end": 0.3, "beta": 1e6, "lam": 0.0,
                 "output_weight": 0.0, "lr": 0.02, "refine_steps": 200,
@@ -49,7 +50,7 @@ def dflt(dest: str) -> str:
                         ("finish", LORA_FLAGS)):
         if dest in flags:
             value = HELP_DEFAULTS[name][flags[dest]]
-            text = " ".join(map(str, value)) if isinstance(value, tuple) else f"{value:g}" \
-                if isinstance(value, float) else str(value)
+            text = (" ".join(map(str, value)) or "none") if isinstance(value, tuple) else \
+                f"{value:g}" if isinstance(value, float) else str(value)
             return f"(default: {text})"
     raise KeyError(f"--{dest.replace('_', '-')} sets no config field")

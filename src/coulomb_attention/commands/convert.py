@@ -81,6 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-tasks", nargs="*", help=dflt("probe_tasks"))
     p.add_argument("--probe-train", type=int, help=dflt("probe_train"))
     p.add_argument("--probe-eval", type=int, help=dflt("probe_eval"))
+    p.add_argument("--doc-lengths", type=int, nargs="+",
+                   help="also measure the fidelity on held-out pseudo-documents of these token "
+                        "lengths (RT test reviews concatenated; with --window, the teacher's "
+                        f"attention mass inside the window too) {dflt('doc_lengths')}")
+    p.add_argument("--doc-count", type=int, help=f"pseudo-documents per length {dflt('doc_count')}")
     p.add_argument("--no-eval", action="store_true", help="skip fidelity and probes")
     p.add_argument("--grid", type=int, nargs="+", default=None, metavar="M",
                    help="comparison over these M (with --seeds, --variants, --lams)")
@@ -184,6 +189,11 @@ def run(args: argparse.Namespace) -> int:
             fid = res["fidelity"]
             print(f"embedding cosine mean {fid['cos_mean']:.4f}, p5 {fid['cos_p5']:.4f}; "
                   f"Spearman {fid['spearman']:.4f}; distillation {res['distill_s']:.0f} s")
+        for n, row in res.get("documents", {}).get("lengths", {}).items():
+            mass = row.get("window_mass")
+            print(f"{n}-token pseudo-documents: cosine mean {row['cos_mean']:.4f}, p5 "
+                  f"{row['cos_p5']:.4f}" + (f"; teacher attention inside the window "
+                                            f"{mass['mean']:.3f}" if mass else ""))
         low = res.get("lowrank")
         if low and "fidelity" in low:
             fid, fin = low["fidelity"], low["finish"]

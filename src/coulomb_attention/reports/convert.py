@@ -97,6 +97,18 @@ def write_convert_report(directory: str | Path) -> Path:
                   f"{fid['cos_mean']:.4f}, 5th percentile {fid['cos_p5']:.4f}, min "
                   f"{fid['cos_min']:.4f}; Spearman of pairwise cosines {fid['spearman']:.4f}.",
                   ""]
+    docs = res.get("documents")
+    if docs:
+        lines += [f"## Fidelity on held-out pseudo-documents ({docs['n']} per length, "
+                  f"{docs['task']} evaluation texts concatenated)", "",
+                  "| tokens | texts per document | cos mean | cos p5 | Spearman | teacher "
+                  "attention inside the window |", "|---:|---:|---:|---:|---:|---:|"]
+        for n, row in docs["lengths"].items():
+            mass = row.get("window_mass")
+            lines.append(f"| {n} | {row['texts_per_document']:.1f} | {row['cos_mean']:.4f} | "
+                         f"{row['cos_p5']:.4f} | {row['spearman']:.4f} | "
+                         f"{_f(mass['mean'], '.3f') if mass else ''} |")
+        lines.append("")
     if "probe" in res:
         lines += ["## Logistic-regression probe on frozen embeddings", "",
                   "| task | n train | n eval | accuracy | ECE | log-loss |",
