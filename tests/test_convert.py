@@ -487,3 +487,38 @@ def test_convert_measures_pseudo_documents_of_the_hybrid(tiny_dir, tmp_path, cap
                "--out", str(tmp_path / "few")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "doc_count" in err and ">= 3" in err
+
+
+def test_convert_evaluate_measures_a_finished_conversion_again(tiny_dir, tmp_path, capsys):
+    """`convert --evaluate`: new evaluation settings on the saved checkpoint, nothing trained;
+    the conversion's config (the cache's key) unchanged; other flags and missing runs refused."""
+    from coulomb_attention.cli import main
+    from coulomb_attention.convert import cached_conversion, config_of_result, evaluate_conversion
+
+    sent = tmp_path / "sentences.txt"
+    sent.write_text("\n".join(SENTENCES) + "\n")
+    cfg = ConvertConfig(encoder=str(tiny_dir), n_features=6, sentences_file=str(sent),
+                        max_length=16, distill=_cfg(steps=3, refine_steps=0), eval_sentences=8,
+                        probe_tasks=(), window=4)
+    d = cached_conversion(cfg, tmp_path / "cache", log=lambda *_: None)
+    before = json.loads((d / "result.json").read_text())
+    assert "fidelity" not in before and config_of_result(before["config"]) == cfg
+    weights = (d / "checkpoint" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    rc = main(["convert", "--evaluate", "--out", str(d), "--doc-lengths", "20", "--doc-count",
+               "3", "--eval-sentences", "6", "--probe-tasks"])
+    out = capsys.readouterr().out
+    res = json.loads((d / "result.json").read_text())
+    assert rc == 0 and "20-token pseudo-documents" in out and "embedding cosine" in out
+    assert res["fidelity"]["n"] == 6 and list(res["documents"]["lengths"]) == ["20"]
+    assert res["evaluation"]["doc_lengths"] == [20] and res["config"] == before["config"]
+    assert (d / "checkpoint" / "model.safetensors").read_bytes() == weights
+    assert cached_conversion(cfg, tmp_path / "cache", log=lambda *_: None) == d  # still its key
+    again = evaluate_conversion(d, {"eval_sentences": 6})  # deterministic
+    assert again["fidelity"] == res["fidelity"] and "documents" not in again
+    for argv, msg in [(["--out", str(tmp_path / "none")], "no finished conversion"),
+                      (["--out", str(d), "--n-features", "8"], "--n-features"),
+                      (["--out", str(d), "--steps", "3"], "--steps")]:
+        rc = main(["convert", "--evaluate", *argv])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and msg in err and "\n" not in err, (argv, err)

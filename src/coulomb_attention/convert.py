@@ -52,14 +52,18 @@ from .train.finish import FinishConfig, finish_lowrank
 
 __all__ = [
     "ConvertConfig",
+    "EVAL_FIELDS",
     "VARIANTS",
     "cached_conversion",
     "conversion_key",
+    "config_of_result",
     "conversion_of_run",
     "convert_encoder",
     "document_fidelity",
     "embed",
     "embedding_fidelity",
+    "evaluate_conversion",
+    "evaluate_encoder",
     "load_sentences",
     "probe_metrics",
     "read_sentence_file",
@@ -556,23 +560,10 @@ def convert_encoder(
         result["lowrank"] = {"finish": finish_rec, "checkpoint": "lowrank/checkpoint",
                              "conversion_s": distill_s + finish_rec["time_s"]}
     if evaluate:
-        t0 = time.perf_counter()
-        held = load_sentences(("sst2", "rotten_tomatoes", "qqp") if config.sentences_file
-                              else config.tasks, "eval", data_dir, config.eval_sentences,
-                              10_000 + config.seed)
-        target = embed(teacher, tok, held, config.max_length, config.batch_size)
-        result["fidelity"] = embedding_fidelity(
-            target, embed(model, tok, held, config.max_length, config.batch_size))
-        result["probe"] = run_probes(model, tok, config, data_dir)
-        if config.doc_lengths:
-            result["documents"] = document_fidelity(teacher, model, tok, config, data_dir)
-        result["eval_s"] = time.perf_counter() - t0
+        result.update(evaluate_encoder(model, teacher, tok, config, data_dir))
         if finished is not None:  # its own row, never mixed with the pure-linear one
-            t0 = time.perf_counter()
-            result["lowrank"]["fidelity"] = embedding_fidelity(
-                target, embed(finished, tok, held, config.max_length, config.batch_size))
-            result["lowrank"]["probe"] = run_probes(finished, tok, config, data_dir)
-            result["lowrank"]["eval_s"] = time.perf_counter() - t0
+            result["lowrank"].update(evaluate_encoder(finished, teacher, tok, config, data_dir,
+                                                      documents=False))
     result["total_s"] = time.perf_counter() - t_start
     atomic_write_json(out / "result.json", result)
     if (out / "state").is_dir():
@@ -580,6 +571,73 @@ def convert_encoder(
 
         shutil.rmtree(out / "state")
     return result
+
+
+#: the fields of ConvertConfig that only the evaluation reads (``convert --evaluate`` may
+#: change them without converting again)
+EVAL_FIELDS = ("eval_sentences", "probe_tasks", "probe_train", "probe_eval", "probe_c",
+               "doc_lengths", "doc_count", "doc_task")
+
+
+def evaluate_encoder(model, teacher, tokenizer, config: ConvertConfig, data_dir=None, *,
+                     documents: bool = True) -> dict[str, Any]:
+    """``fidelity`` on ``config.eval_sentences`` held-out sentences (evaluation splits, seed
+    ``10_000 + config.seed``), ``probe`` of ``config.probe_tasks``, with ``documents`` and
+    ``config.doc_lengths`` the pseudo-documents' (:func:`document_fidelity`), and ``eval_s``."""
+    t0 = time.perf_counter()
+    held = load_sentences(("sst2", "rotten_tomatoes", "qqp") if config.sentences_file
+                          else config.tasks, "eval", data_dir, config.eval_sentences,
+                          10_000 + config.seed)
+    out: dict[str, Any] = {"fidelity": embedding_fidelity(
+        embed(teacher, tokenizer, held, config.max_length, config.batch_size),
+        embed(model, tokenizer, held, config.max_length, config.batch_size))}
+    out["probe"] = run_probes(model, tokenizer, config, data_dir)
+    if documents and config.doc_lengths:
+        out["documents"] = document_fidelity(teacher, model, tokenizer, config, data_dir)
+    out["eval_s"] = time.perf_counter() - t0
+    return out
+
+
+def config_of_result(saved: dict[str, Any]) -> ConvertConfig:
+    """The :class:`ConvertConfig` of a ``result.json``'s ``config``."""
+    from .config import from_dict
+
+    data = dict(saved)
+    finish = data.pop("finish", None)
+    return dataclasses.replace(from_dict(ConvertConfig, data), finish=None if finish is None
+                               else from_dict(FinishConfig, finish))
+
+
+def evaluate_conversion(directory: str | os.PathLike, changes: dict[str, Any] | None = None, *,
+                        data_dir=None) -> dict[str, Any]:
+    """Measure a finished conversion again (its ``checkpoint/``; nothing is trained) with the
+    evaluation fields :data:`EVAL_FIELDS` changed by ``changes``; the new ``fidelity``,
+    ``probe``, ``documents`` and the ``evaluation`` settings replace the old ones in
+    ``result.json`` (its ``config`` stays the conversion's: a cache still recognises it)."""
+    from .nn.pretrained import load_pretrained_encoder, load_pretrained_tokenizer
+
+    d = Path(directory)
+    res = (json.loads((d / "result.json").read_text(encoding="utf-8"))
+           if (d / "result.json").is_file() else {})
+    if not res or (res["config"]["variant"] != "softmax"
+                   and not (d / "checkpoint" / "config.json").is_file()):
+        raise FileNotFoundError(f"{d} holds no finished conversion (result.json and "
+                                "checkpoint/)")
+    bad = sorted(set(changes or {}) - set(EVAL_FIELDS))
+    if bad:
+        raise ValueError(f"only the evaluation can change without converting again, not "
+                         f"{', '.join(bad)}")
+    config = dataclasses.replace(config_of_result(res["config"]), **(changes or {}))
+    teacher = load_pretrained_encoder(res["encoder_dir"], "softmax")
+    model = (teacher if config.variant == "softmax"
+             else load_pretrained_encoder(d / "checkpoint"))
+    tok = load_pretrained_tokenizer(res["encoder_dir"])
+    for key in ("fidelity", "probe", "documents"):
+        res.pop(key, None)
+    res.update(evaluate_encoder(model, teacher, tok, config, data_dir))
+    res["evaluation"] = {k: _to_json(config).get(k, getattr(config, k)) for k in EVAL_FIELDS}
+    atomic_write_json(d / "result.json", res)
+    return res
 
 
 def _finish_stage(config, model, teacher, ids, mask, data, out, directory, stages, records,
