@@ -45,3 +45,44 @@ def test_grid_table_means_spreads_and_teacher_shares():
     assert p["sst2_share"] == pytest.approx(0.74 / 0.8)
     assert table[("particles lam=0.1", 16)]["cos_mean"] == (pytest.approx(0.8), 0.0)
     assert ("softmax", 0) in table and table[("vanilla", 16)]["seeds"] == 1
+
+
+def test_rows_report_pairs_by_seed_with_intervals(tmp_path, capsys):
+    """ROWS.md / ROWS.summary.json: means over seeds, and a - b paired by seed over the common seeds
+    (hand-computed: differences 0.02, 0.04, 0.03 -> mean 0.03, t-interval 0.03 -/+ 4.303 *
+    0.01 / sqrt 3); documents and window mass carried; unknown rows and missing dirs refused."""
+    import math
+
+    from coulomb_attention.cli import main
+
+    def put(name, seed, cos, doc=None):
+        res = _result(seed=seed, cos=cos)
+        if doc is not None:
+            res["documents"] = {"task": "rt", "n": 3, "lengths": {"512": {
+                "cos_mean": doc, "cos_p5": doc - 0.1, "window_mass": {"mean": 0.2}}}}
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "result.json").write_text(json.dumps(res))
+        return name
+
+    a = [put(f"a{s}", s, c, d) for s, c, d in [(0, 0.92, 0.9), (1, 0.94, 0.8), (2, 0.93, 0.7)]]
+    b = [put(f"b{s}", s, c) for s, c in [(0, 0.90, ), (1, 0.90), (2, 0.90), (3, 0.99)]]
+    man = tmp_path / "rows.json"
+    man.write_text(json.dumps({"title": "t", "rows": {"A": a, "B": b}, "pairs": [["A", "B"]]}))
+    assert main(["report", str(man), "--conversions"]) == 0
+    assert "rows.md" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "rows.summary.json").read_text())
+    pair = next(p for p in summary["pairs"] if p["metric"] == "sentences cos")
+    half = 4.302652729911275 * 0.01 / math.sqrt(3)
+    assert pair["seeds"] == [0, 1, 2] and pair["a_ahead"] == 3
+    assert pair["diff"] == pytest.approx(0.03) and pair["low"] == pytest.approx(0.03 - half)
+    assert summary["rows"]["B"]["metrics"]["sentences cos"]["n"] == 4
+    assert summary["rows"]["A"]["metrics"]["512-token docs cos"]["mean"] == pytest.approx(0.8)
+    assert "512-token teacher mass in window" in summary["rows"]["A"]["metrics"]
+    text = (tmp_path / "rows.md").read_text()
+    assert "| A | 0 1 2 |" in text and "+0.0300" in text and "3/3" in text
+    man.write_text(json.dumps({"rows": {"A": a}, "pairs": [["A", "C"]]}))
+    assert main(["report", str(man), "--conversions"]) == 2
+    assert "no row 'C'" in capsys.readouterr().err
+    man.write_text(json.dumps({"rows": {"A": ["missing"]}}))
+    assert main(["report", str(man), "--conversions"]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -3,7 +3,8 @@
 Reads ``result.json`` / ``records.jsonl`` of one conversion directory, and optionally a grid's
 ``grid.jsonl`` (one result per line) and ``speed.json``; writes ``report.md``, ``kl.png``
 (row KL per layer and head, before/after), ``mse.png`` (output MSE) and, for a grid,
-``grid.md`` and ``grid.png``.
+``grid.md`` and ``grid.png``; from a manifest of rows (label -> conversion directories),
+``STEM.md`` / ``STEM.summary.json`` with paired differences by seed (:func:`write_rows_report`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 from . import pyplot
 
-__all__ = ["grid_table", "read_jsonl", "write_convert_report", "write_grid_report"]
+__all__ = ["grid_table", "read_jsonl", "write_convert_report", "write_grid_report",
+           "write_rows_report"]
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -243,4 +245,97 @@ def write_grid_report(directory: str | Path) -> Path:
     lines += ["", "![cosine vs M](grid.png)", ""]
     out = d / "grid.md"
     out.write_text("\n".join(lines), encoding="utf-8")
+    return out
+
+
+def _row_metrics(res: dict[str, Any]) -> dict[str, float]:
+    """The numbers of one conversion's result.json that rows are compared on."""
+    out: dict[str, float] = {}
+    if "fidelity" in res:
+        out.update({"sentences cos": res["fidelity"]["cos_mean"],
+                    "sentences cos p5": res["fidelity"]["cos_p5"],
+                    "sentences Spearman": res["fidelity"]["spearman"]})
+    for n, row in (res.get("documents") or {}).get("lengths", {}).items():
+        out[f"{n}-token docs cos"] = row["cos_mean"]
+        out[f"{n}-token docs cos p5"] = row["cos_p5"]
+        if row.get("window_mass"):
+            out[f"{n}-token teacher mass in window"] = row["window_mass"]["mean"]
+    for task, m in (res.get("probe") or {}).items():
+        out[f"{task} probe acc"] = m["accuracy"]
+    out["conversion s"] = res.get("distill_s", 0.0)
+    return out
+
+
+def write_rows_report(manifest: str | Path) -> Path:
+    """Rows of conversions compared by seed, from a JSON manifest ``{"rows": {label: [dir,
+    ...]}, "pairs": [[label_a, label_b], ...]}`` (directories relative to the manifest's
+    folder or absolute): ``STEM.md`` and ``STEM.summary.json`` beside ``STEM.json`` with
+    every metric's mean, sd and seeds per row, and per pair the paired difference ``a - b``
+    over their common seeds with its 95% t-interval and the seeds where ``a`` is ahead."""
+    from ..stats import paired_difference
+
+    path = Path(manifest)
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(spec, dict) or not isinstance(spec.get("rows"), dict) or not spec["rows"]:
+        raise ValueError(f"{path}: a manifest needs a non-empty 'rows' object {{label: [dirs]}}")
+    rows: dict[str, dict[int, dict[str, float]]] = {}
+    for label, dirs in spec["rows"].items():
+        rows[label] = {}
+        for d in dirs:
+            f = (path.parent / d / "result.json")
+            if not f.is_file():
+                raise FileNotFoundError(f"row {label!r}: {f} does not exist")
+            res = json.loads(f.read_text(encoding="utf-8"))
+            seed = int(res["config"]["seed"])
+            if seed in rows[label]:
+                raise ValueError(f"row {label!r} has seed {seed} twice")
+            rows[label][seed] = _row_metrics(res)
+    for a, b in spec.get("pairs", []):
+        for lab in (a, b):
+            if lab not in rows:
+                raise ValueError(f"pair ({a}, {b}): no row {lab!r}; rows: {', '.join(rows)}")
+    keys = list(dict.fromkeys(k for r in rows.values() for m in r.values() for k in m))
+    summary: dict[str, Any] = {"rows": {}, "pairs": []}
+    lines = [f"# {spec.get('title', 'Conversion rows')}", "",
+             "Mean (sd) over seeds; a blank cell: not measured for that row.", "",
+             "| row | seeds | " + " | ".join(keys) + " |", "|---|---|" + "---:|" * len(keys)]
+    for label, by_seed in rows.items():
+        cells, stats = [], {}
+        for k in keys:
+            vals = [m[k] for m in by_seed.values() if k in m]
+            if not vals:
+                cells.append("")
+                continue
+            mean = sum(vals) / len(vals)
+            sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 \
+                if len(vals) > 1 else 0.0
+            stats[k] = {"mean": mean, "sd": sd, "n": len(vals)}
+            fmt = ".0f" if k == "conversion s" else ".4f"
+            cells.append(f"{mean:{fmt}}" + (f" ({sd:{fmt}})" if len(vals) > 1 else ""))
+        summary["rows"][label] = {"seeds": sorted(by_seed), "metrics": stats}
+        lines.append(f"| {label} | {' '.join(map(str, sorted(by_seed)))} | "
+                     + " | ".join(cells) + " |")
+    if spec.get("pairs"):
+        lines += ["", "## Paired differences (a - b, same seeds, 95% t-interval)", "",
+                  "| a | b | metric | seeds | a - b | interval | a ahead |",
+                  "|---|---|---|---|---:|---|---:|"]
+    for a, b in spec.get("pairs", []):
+        seeds = sorted(set(rows[a]) & set(rows[b]))
+        for k in keys:
+            common = [s for s in seeds if k in rows[a][s] and k in rows[b][s]]
+            if not common or k == "conversion s":
+                continue
+            va, vb = [rows[a][s][k] for s in common], [rows[b][s][k] for s in common]
+            mean, lo, hi, n = paired_difference(va, vb)
+            ahead = sum(x > y for x, y in zip(va, vb, strict=True))
+            summary["pairs"].append({"a": a, "b": b, "metric": k, "seeds": common,
+                                     "diff": mean, "low": lo if n > 1 else None,
+                                     "high": hi if n > 1 else None, "a_ahead": ahead})
+            ci = f"[{lo:+.4f}, {hi:+.4f}]" if n > 1 else "(one seed)"
+            lines.append(f"| {a} | {b} | {k} | {' '.join(map(str, common))} | {mean:+.4f} | "
+                         f"{ci} | {ahead}/{n} |")
+    out = path.with_name(path.stem + ".md")
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.with_name(path.stem + ".summary.json").write_text(json.dumps(summary, indent=2) + "\n",
+                                                           encoding="utf-8")
     return out
