@@ -37,7 +37,7 @@ def test_window_masks_count_the_neighbours():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("window,block", [(4, None), (6, 5), (2, 1), (40, None)])
+@pytest.mark.parametrize("window,block", [(4, None), (6, 5), (2, 1), (40, None), (4, 7)])
 @pytest.mark.parametrize("linear", [True, False])
 def test_blocked_path_equals_the_naive_twin(causal, window, block, linear):
     """Values and gradients in q, k, v, omega and gamma, padded batch, every block shape; a
@@ -62,6 +62,21 @@ def test_blocked_path_equals_the_naive_twin(causal, window, block, linear):
     if not linear:  # the window alone: no features, and gamma cancels
         assert float(g_ref[4].abs().max()) < 1e-12 and float(g_got[4].abs().max()) < 1e-12
         assert float(g_got[3].abs().max()) == 0
+
+
+def test_non_contiguous_inputs_without_padding_rows():
+    """Blocks that tile the sequence exactly (21 = 3 x 7: no padded rows) of transposed,
+    non-contiguous queries and features give the naive twin's values."""
+    q, k, v, omega, gamma, mask = _inputs()
+    qt = q.detach().transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    pq = features.softplus(q, omega).detach().transpose(1, 2).contiguous().transpose(1, 2)
+    pk = features.softplus(k, omega).detach()
+    assert not qt.is_contiguous() and not pq.is_contiguous()
+    ref = AF.naive_window_attention(q.detach(), k.detach(), v.detach(), pq, pk, gamma.detach(),
+                                    4, mask)
+    got = AF.window_attention(qt, k.detach(), v.detach(), pq, pk, gamma.detach(), 4, mask,
+                              block=7)
+    assert rel_err(got, ref) < 1e-10
 
 
 def test_log_offsets_of_exp_features_are_the_unshifted_kernel():

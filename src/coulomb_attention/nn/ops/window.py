@@ -86,6 +86,11 @@ def naive_window_attention(q, k, v, pq, pk, gamma, window, key_mask=None, *, cau
     return (w @ v) / w.sum(-1, keepdim=True).clamp_min(_TINY)
 
 
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, H, L, c) zero padded to ``n`` rows (no copy when ``L == n``)."""
+    return t if t.shape[2] == n else F.pad(t, (0, 0, 0, n - t.shape[2]))
+
+
 def _blocks(t: torch.Tensor, before: int, after: int, block: int, n_blocks: int) -> torch.Tensor:
     """(B, H, L, c) -> (B, H, n_blocks, block + before + after, c): the keys around each query
     block (zero padded)."""
@@ -142,13 +147,13 @@ def window_attention(
         valid = (torch.ones(B, L, dtype=dt, device=q.device) if key_mask is None
                  else key_mask.to(dt))
         kb = _blocks(k, before, after, bq, nb)  # (B, H, nb, Kb, d)
-        vb = _blocks(torch.cat([v, v.new_ones(B, H, L, 1)], -1), before, after, bq, nb)
+        vb = _blocks(v, before, after, bq, nb)  # (B, H, nb, Kb, e)
         mb = _blocks(valid[:, None, :, None], before, after, bq, nb)[..., 0]  # (B, 1, nb, Kb)
         r = torch.arange(bq, device=q.device)[:, None]
         j = torch.arange(bq + before + after, device=q.device)[None, :]
         band = (j - r >= 0) & (j - r <= before + after)  # (bq, Kb): s - t in [-before, after]
         inside = band & (mb[:, :, :, None, :] > 0)  # (B, 1, nb, bq, Kb)
-        qb = F.pad(q, (0, 0, 0, nb * bq - L)).view(B, H, nb, bq, -1)
+        qb = _rows(q, nb * bq).reshape(B, H, nb, bq, -1)
         logits = (qb @ kb.transpose(-1, -2)).masked_fill(~inside, float("-inf"))
         shift = logits.amax(-1, keepdim=True)  # (B, H, nb, bq, 1), -inf: empty window
         if linear:
@@ -160,28 +165,33 @@ def window_attention(
                 off = off + log_q.to(dt)
             if log_k is not None:
                 off = off + log_k.to(dt)
-            offb = F.pad(off, (0, 0, 0, nb * bq - L)).view(B, H, nb, bq, 1)
+            offb = _rows(off, nb * bq).reshape(B, H, nb, bq, 1)
             shift = torch.maximum(shift, offb)
         shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift)).detach()
-        a = torch.exp(logits - shift)  # (B, H, nb, bq, Kb), 0 outside the window
-        g = gamma.to(dt)[None, :, None, None, None]
-        acc = g * (a @ vb)  # (B, H, nb, bq, e + 1): numerator and denominator
+        # the window term's weights, 0 outside the window
+        w = gamma.to(dt)[None, :, None, None, None] * torch.exp(logits - shift)
+        den = w.sum(-1, keepdim=True)  # (B, H, nb, bq, 1)
         if linear:
-            ones = v.new_ones(B, H, L, 1)
             if causal:  # every key s <= t: prefix sums (numerator from the normalised op)
                 from .causal import causal_linear_attention
 
-                den = (pq * pk.cumsum(2)).sum(-1, keepdim=True)  # (B, H, L, 1)
-                num = causal_linear_attention(pq, pk, v, None) * den
-                seen = torch.cat([num, den], -1)
+                seen_den = (pq * pk.cumsum(2)).sum(-1, keepdim=True)  # (B, H, L, 1)
+                seen = causal_linear_attention(pq, pk, v, None) * seen_den
             else:
-                seen = pq @ (pk.transpose(-1, -2) @ torch.cat([v, ones], -1))  # (B, H, L, e+1)
-            seen = F.pad(seen, (0, 0, 0, nb * bq - L)).view(B, H, nb, bq, e + 1)
-            pqb = F.pad(pq, (0, 0, 0, nb * bq - L)).view(B, H, nb, bq, -1)
-            kw = (pqb @ _blocks(pk, before, after, bq, nb).transpose(-1, -2)) * inside
-            rest = seen - kw @ vb  # the linear term over R(t): all it sees minus the window
-            rest = torch.cat([rest[..., :e], rest[..., e:].clamp_min(0.0)], -1)
-            acc = acc + torch.exp(offb - shift) * rest
-        out = acc[..., :e] / acc[..., e:].clamp_min(_TINY)
+                seen = pq @ (pk.transpose(-1, -2) @ v)  # (B, H, L, e)
+                seen_den = pq @ pk.sum(2, keepdim=True).transpose(-1, -2)  # (B, H, L, 1)
+            seen = _rows(seen, nb * bq).reshape(B, H, nb, bq, e)
+            seen_den = _rows(seen_den, nb * bq).reshape(B, H, nb, bq, 1)
+            pqb = _rows(pq, nb * bq).reshape(B, H, nb, bq, -1)
+            c = torch.exp(offb - shift)
+            kw = c * (pqb @ _blocks(pk, before, after, bq, nb).transpose(-1, -2)) * inside
+            # the linear term over R(t): all it sees minus its in-window part, folded into the
+            # window's weights (one product with the values); its denominator kept >= 0
+            w = w - kw
+            den = den + (c * seen_den - kw.sum(-1, keepdim=True)).clamp_min(0.0)
+            num = w @ vb + c * seen
+        else:
+            num = w @ vb
+        out = num / den.clamp_min(_TINY)
         out = out.reshape(B, H, nb * bq, e)[:, :, :L]
     return out.to(out_dtype)
