@@ -222,6 +222,10 @@ def hybrid_features(u: torch.Tensor, omega: torch.Tensor, feature_map: str, *, i
     return phi, off
 
 
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    return t if t.shape[2] == n else F.pad(t, (0, 0, 0, n - t.shape[2]))
+
+
 def _blocks(t: torch.Tensor, before: int, after: int, block: int, n: int) -> torch.Tensor:
     L = t.shape[2]
     padded = F.pad(t, (0, 0, before, n * block - L + after))
@@ -242,12 +246,12 @@ def window_attention(q, k, v, pq, pk, gamma, window, key_mask=None, log_q=None, 
     valid = (torch.ones(B, L, dtype=dt, device=q.device) if key_mask is None
              else key_mask.to(dt))[None, :, :, None]  # (1, B, L, 1)
     kb = _blocks(k, half, half, bq, n)
-    vb = _blocks(torch.cat([v, v.new_ones(H, B, L, 1)], -1), half, half, bq, n)
+    vb = _blocks(v, half, half, bq, n)
     mb = _blocks(valid, half, half, bq, n)[..., 0]  # (1, B, n, Kb)
     r = torch.arange(bq, device=q.device)[:, None]
     j = torch.arange(bq + 2 * half, device=q.device)[None, :]
     inside = ((j - r >= 0) & (j - r <= 2 * half)) & (mb[:, :, :, None, :] > 0)
-    qb = F.pad(q, (0, 0, 0, n * bq - L)).view(H, B, n, bq, -1)
+    qb = _rows(q, n * bq).reshape(H, B, n, bq, -1)
     logits = (qb @ kb.transpose(-1, -2)).masked_fill(~inside, float("-inf"))
     shift = logits.amax(-1, keepdim=True)
     if linear:
@@ -257,19 +261,23 @@ def window_attention(q, k, v, pq, pk, gamma, window, key_mask=None, log_q=None, 
             off = off + log_q.to(dt)
         if log_k is not None:
             off = off + log_k.to(dt)
-        offb = F.pad(off, (0, 0, 0, n * bq - L)).view(H, B, n, bq, 1)
+        offb = _rows(off, n * bq).reshape(H, B, n, bq, 1)
         shift = torch.maximum(shift, offb)
     shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift)).detach()
-    acc = gamma.to(dt)[:, None, None, None, None] * (torch.exp(logits - shift) @ vb)
-    if linear:
-        seen = pq @ (pk.transpose(-1, -2) @ torch.cat([v, v.new_ones(H, B, L, 1)], -1))
-        seen = F.pad(seen, (0, 0, 0, n * bq - L)).view(H, B, n, bq, e + 1)
-        pqb = F.pad(pq, (0, 0, 0, n * bq - L)).view(H, B, n, bq, -1)
-        kw = (pqb @ _blocks(pk, half, half, bq, n).transpose(-1, -2)) * inside
-        rest = seen - kw @ vb
-        rest = torch.cat([rest[..., :e], rest[..., e:].clamp_min(0.0)], -1)
-        acc = acc + torch.exp(offb - shift) * rest
-    out = acc[..., :e] / acc[..., e:].clamp_min(_TINY)
+    w = gamma.to(dt)[:, None, None, None, None] * torch.exp(logits - shift)
+    den = w.sum(-1, keepdim=True)
+    num_extra = 0.0
+    if linear:  # the linear term over the rest: all keys minus its in-window part
+        seen = _rows(pq @ (pk.transpose(-1, -2) @ v), n * bq).reshape(H, B, n, bq, e)
+        seen_den = _rows(pq @ pk.sum(2, keepdim=True).transpose(-1, -2), n * bq).reshape(
+            H, B, n, bq, 1)
+        pqb = _rows(pq, n * bq).reshape(H, B, n, bq, -1)
+        c = torch.exp(offb - shift)
+        kw = c * (pqb @ _blocks(pk, half, half, bq, n).transpose(-1, -2)) * inside
+        w = w - kw
+        den = den + (c * seen_den - kw.sum(-1, keepdim=True)).clamp_min(0.0)
+        num_extra = c * seen
+    out = (w @ vb + num_extra) / den.clamp_min(_TINY)
     return out.reshape(H, B, n * bq, e)[:, :, :L].to(v.dtype)
 
 
