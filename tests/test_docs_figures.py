@@ -176,10 +176,10 @@ def _minilm_pair(doc: str, text: str, pair: str, task: str) -> list[tuple]:
 _MINILM_PAIRS = [  # (documents, text, pair, task)
     ((R, ME), "+0.0484 [+0.0345, +0.0623]", "favor:teacher - favor:vanilla", "sst2"),
     ((R, ME), "-0.0158 [-0.0323, +0.0007]", "favor:teacher - softmax:vanilla", "sst2"),
-    ((R, ME), "+0.0397 [+0.0058, +0.0737]", "favor:teacher - favor:vanilla", "rotten_tomatoes"),
-    ((R, ME), "-0.0134 [-0.0209, -0.0060]", "favor:teacher - softmax:vanilla", "rotten_tomatoes"),
+    ((R, ME), "+0.0358 [+0.0220, +0.0496]", "favor:teacher - favor:vanilla", "rotten_tomatoes"),
+    ((R, ME), "-0.0120 [-0.0156, -0.0084]", "favor:teacher - softmax:vanilla", "rotten_tomatoes"),
     ((R,), "-0.0099 [-0.0231, +0.0034]", "favor:teacher - hedgehog:hedgehog", "sst2"),
-    ((R,), "-0.0063 [-0.0157, +0.0032]", "favor:teacher - hedgehog:hedgehog", "rotten_tomatoes"),
+    ((R,), "-0.0056 [-0.0110, -0.0002]", "favor:teacher - hedgehog:hedgehog", "rotten_tomatoes"),
     ((R,), "+0.0639 [+0.0507, +0.0772]", "softmax:vanilla - none:vanilla", "sst2"),
     ((R,), "+0.0447 [+0.0301, +0.0594]", "favor:teacher - none:vanilla", "sst2"),
 ]

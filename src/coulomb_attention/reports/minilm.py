@@ -33,6 +33,7 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("favor:teacher", "hedgehog:hedgehog"),
     ("hedgehog:hedgehog", "softmax:vanilla"),
     ("hedgehog:teacher", "hedgehog:hedgehog"),
+    ("hedgehog:teacher", "softmax:vanilla"),
     ("favor:teacher", "hedgehog:teacher"),
     ("favor:vanilla", "softmax:vanilla"),
     ("softmax:vanilla", "none:vanilla"),  # does attention matter here (no-mixing control)?
