@@ -153,13 +153,19 @@ _MINILM_COLS = ("accuracy", "ece", "log_loss", "brier", "corrupted_accuracy", "a
 _MINILM_TASKS = {"sst2": "### SST-2", "rotten_tomatoes": "### Rotten Tomatoes"}
 
 
+#: rows only some tasks' tables have: variant -> (label, tasks)
+_MINILM_EXTRA = {"hedgehog:teacher": ("particles on Hedgehog's map (teacher)", ("sst2",))}
+
+
 def _minilm_quotes() -> list[tuple]:
     lines = (REPO / R).read_text().splitlines()
     out = []
     for task, heading in _MINILM_TASKS.items():
         assert heading in lines, f"docs/results.md has no MiniLM table {heading!r}"
         rest = lines[lines.index(heading):]
-        for variant, label in _MINILM_ROWS.items():
+        rows = {**_MINILM_ROWS, **{v: label for v, (label, tasks) in _MINILM_EXTRA.items()
+                                   if task in tasks}}
+        for variant, label in rows.items():
             line = next((x for x in rest if x.startswith(f"| {label} |")), None)
             assert line is not None, f"docs/results.md has no MiniLM row {label!r} ({task})"
             cells = [c.strip() for c in line.split("|")[3:3 + len(_MINILM_COLS)]]
@@ -180,6 +186,8 @@ _MINILM_PAIRS = [  # (documents, text, pair, task)
     ((R, ME), "-0.0120 [-0.0156, -0.0084]", "favor:teacher - softmax:vanilla", "rotten_tomatoes"),
     ((R,), "-0.0099 [-0.0231, +0.0034]", "favor:teacher - hedgehog:hedgehog", "sst2"),
     ((R,), "-0.0056 [-0.0110, -0.0002]", "favor:teacher - hedgehog:hedgehog", "rotten_tomatoes"),
+    ((R,), "-0.0004 [-0.0206, +0.0198]", "hedgehog:teacher - hedgehog:hedgehog", "sst2"),
+    ((R,), "-0.0134 [-0.0280, +0.0012]", "hedgehog:teacher - softmax:vanilla", "sst2"),
     ((R,), "+0.0639 [+0.0507, +0.0772]", "softmax:vanilla - none:vanilla", "sst2"),
     ((R,), "+0.0447 [+0.0301, +0.0594]", "favor:teacher - none:vanilla", "sst2"),
 ]
