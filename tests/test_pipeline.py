@@ -158,8 +158,9 @@ def _tiny_conversion(tiny_dir, tmp_path, *, variant="particles", seed=0, m=8):
     sent.write_text("\n".join(SENTENCES) + "\n")
     distill = DistillConfig(n_examples=9, holdout=3, batch_size=3, rows_per_sequence=0,
                             steps=3, refine_steps=2, refine_examples=9)
-    cfg = ConvertConfig(encoder=str(tiny_dir), n_features=m, seed=seed, variant=variant,
-                        sentences_file=str(sent), distill=distill, max_length=16)
+    cfg = ConvertConfig(encoder=str(tiny_dir), feature_map="favor", n_features=m, seed=seed,
+                        variant=variant, sentences_file=str(sent), distill=distill,
+                        max_length=16)
     logs = []
     d = cached_conversion(cfg, tmp_path / "cache", log=logs.append)
     return cfg, d, logs

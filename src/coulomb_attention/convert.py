@@ -120,7 +120,7 @@ class ConvertConfig:
     """
 
     encoder: str = "minilm"
-    feature_map: str = "favor"
+    feature_map: str = "hedgehog"
     n_features: int = 64
     seed: int = 0
     variant: str = "particles"

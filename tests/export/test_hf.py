@@ -66,8 +66,9 @@ def converted(hf_bert, tmp_path_factory):
     sent = root / "sentences.txt"
     sent.write_text("\n".join(SENTENCES) + "\n")
     out = root / "run"
-    rc = main(["convert", "--encoder", str(hf_bert), "--n-features", "6", "--sentences",
-               str(sent), "--n-sentences", "12", "--holdout", "4", "--steps", "3",
+    rc = main(["convert", "--encoder", str(hf_bert), "--feature-map", "favor", "--n-features",
+               "6", "--sentences", str(sent), "--n-sentences", "12", "--holdout", "4",
+               "--steps", "3",
                "--batch-size", "4", "--max-length", "16", "--eval-sentences", "8",
                "--refine-steps", "2", "--refine-sentences", "12", "--probe-tasks",
                "--out", str(out), "--no-progress"])

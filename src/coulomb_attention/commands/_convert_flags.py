@@ -30,7 +30,7 @@ LORA_FLAGS = {"lora_steps": "steps", "lora_lr": "lr", "lora_objective": "objecti
 #: the defaults --help prints, torch-free copies of ConvertConfig's, DistillConfig's and
 #: FinishConfig's (tests/commands/test_help_and_args.py checks them against the configs)
 HELP_DEFAULTS = {
-    "convert": {"encoder": "minilm", "feature_map": "favor", "n_features": 64, "seed": 0,
+    "convert": {"encoder": "minilm", "feature_map": "hedgehog", "n_features": 64, "seed": 0,
                 "variant": "particles", "tasks": ("sst2", "rotten_tomatoes", "qqp"),
                 "max_length": 64, "eval_sentences": 512,
                 "probe_tasks": ("sst2", "rotten_tomatoes"), "probe_train": 2000,

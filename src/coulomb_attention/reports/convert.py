@@ -323,7 +323,7 @@ def write_rows_report(manifest: str | Path) -> Path:
         seeds = sorted(set(rows[a]) & set(rows[b]))
         for k in keys:
             common = [s for s in seeds if k in rows[a][s] and k in rows[b][s]]
-            if not common or k == "conversion s":
+            if not common or k == "conversion s" or "teacher" in k:  # not the row's property
                 continue
             va, vb = [rows[a][s][k] for s in common], [rows[b][s][k] for s in common]
             mean, lo, hi, n = paired_difference(va, vb)
