@@ -67,7 +67,7 @@ SYN = "ablation_synthetic/summary.md"
 DEV = "ablation_mqar_device/summary.md"
 HARD = "ablation_mqar_hard_local/summary.md"
 REC = "recall/summary.md"
-FMAP = "convert/feature_map/{}/result.json"
+ROWS = "convert/long_inputs/rows.summary.json"
 MINI = "minilm_finetune/report.json"
 MINI_MD = "minilm_finetune/report.md"
 SUITE = "transformer_suite/report.md"
@@ -84,6 +84,32 @@ def _paired(doc: str, path: str, text: str, *needles: str, fmt: str = S3,
     parts = CELL_NUMBER.findall(text)
     return [(doc, p, md(path, *needles, after=after, cell=cell, k=i), fmt)
             for i, p in enumerate(parts)]
+
+
+def _rows(label: str, metric: str) -> Callable[[], float]:
+    """The mean of ``metric`` over the seeds of conversion row ``label``."""
+    return js(ROWS, "rows", label, "metrics", metric, "mean")
+
+
+def _rows_pair(doc: str, text: str, a: str, b: str, metric: str) -> list[tuple]:
+    """Three quotes for the paired difference ``a - b`` of ``metric`` written as ``text``."""
+    def read(key: str) -> Callable[[], float]:
+        def value() -> float:
+            pairs = json.loads((RESULTS / ROWS).read_text())["pairs"]
+            return float(next(p for p in pairs if (p["a"], p["b"], p["metric"]) == (a, b, metric))
+                         [key])
+        return value
+    return [(doc, part, read(key), S4)
+            for part, key in zip(CELL_NUMBER.findall(text), ("diff", "low", "high"), strict=True)]
+
+
+_CONVERT_ROWS = [(label, metric, text) for label, values in {
+    "pure linear, particles on Hedgehog's map": ("0.9727", "0.7506"),
+    "pure linear, Hedgehog (tied, Adam)": ("0.9694", "0.7747"),
+    "pure linear, FAVOR+ particles": ("0.9637", "0.7690"),
+    "hybrid W=16": ("0.9922", "0.9202"),
+    "window alone W=16": ("0.8457", "0.4639")}.items()
+    for metric, text in zip(("sentences cos", "512-token docs cos"), values, strict=True)]
 
 
 def _minilm(variant: str, metric: str, task: str = "sst2") -> Callable[[], float]:
@@ -123,14 +149,13 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
     (R, "0.998", md(REC, "| softmax | - |", cell=3), F3),
     *_paired(R, REC, "+0.329 [+0.126, +0.532]", "favor: learned M=64 minus vanilla M=64"),
     *_paired(R, REC, "+0.229 [-0.272, +0.730]", "softmax_feat: learned M=64 minus vanilla M=64"),
-    # conversion rows (held-out cosine)
-    (R, "0.9625", js(FMAP.format("favor_particles_s0"), "fidelity", "cos_mean"), F4),
-    (R, "0.9681", js(FMAP.format("favor_hedgehog_s0"), "fidelity", "cos_mean"), F4),
-    (R, "0.9717", js(FMAP.format("hedgehog_particles_s0"), "fidelity", "cos_mean"), F4),
-    (R, "0.9732", js(FMAP.format("hedgehog_particles_s1"), "fidelity", "cos_mean"), F4),
-    (R, "0.9911", js(FMAP.format("hedgehog_particles_w16_s0"), "fidelity", "cos_mean"), F4),
-    (R, "0.8265", js(FMAP.format("window_alone_w16_s0"), "fidelity", "cos_mean"), F4),
-    (R, "0.63", md("convert/feature_map/speed_w16.md", "| 512 | 32 |", cell=6), "{:.2f}"),
+    # conversion rows (held-out cosine, mean over seeds) and their paired differences
+    *[(R, text, _rows(label, metric), F4) for label, metric, text in _CONVERT_ROWS],
+    *_rows_pair(R, "+0.0034 [+0.0027, +0.0040]", "pure linear, particles on Hedgehog's map",
+                "pure linear, Hedgehog (tied, Adam)", "sentences cos"),
+    *_rows_pair(R, "+0.4562 [+0.4313, +0.4812]", "hybrid W=16", "window alone W=16",
+                "512-token docs cos"),
+    (R, "0.76", md("convert/long_inputs/speed_w16.md", "| 512 | 32 |", cell=6), "{:.2f}"),
     # from-scratch classifiers
     *_paired(R, NONE, "+0.0119 [-0.0039, +0.0277]", "- SST-2", fmt=S4),
     *_paired(R, NONE, "+0.0158 [+0.0052, +0.0263]", "- Rotten Tomatoes", fmt=S4),
