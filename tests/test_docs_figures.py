@@ -213,14 +213,14 @@ _MINILM_PAIRS = [  # (documents, text, pair, task)
     ((R,), "-0.0056 [-0.0110, -0.0002]", "favor:teacher - hedgehog:hedgehog", "rotten_tomatoes"),
     ((R,), "-0.0004 [-0.0206, +0.0198]", "hedgehog:teacher - hedgehog:hedgehog", "sst2"),
     ((R,), "-0.0134 [-0.0280, +0.0012]", "hedgehog:teacher - softmax:vanilla", "sst2"),
-    ((R,), "+0.0639 [+0.0507, +0.0772]", "softmax:vanilla - none:vanilla", "sst2"),
-    ((R,), "+0.0447 [+0.0301, +0.0594]", "favor:teacher - none:vanilla", "sst2"),
+    ((R,), "+0.0642 [+0.0552, +0.0732]", "softmax:vanilla - none:vanilla", "sst2"),
+    ((R,), "+0.0484 [+0.0342, +0.0626]", "favor:teacher - none:vanilla", "sst2"),
 ]
 for _docs, _text, _pair, _task in _MINILM_PAIRS:
     for _doc in _docs:
         QUOTES += _minilm_pair(_doc, _text, _pair, _task)
 QUOTES.append((R, "0.876", js("minilm_finetune/sst2_full_softmax.json", "accuracy"), F3))
-QUOTES.append((R, "0.800", _minilm("none:vanilla", "accuracy"), F3))
+QUOTES.append((R, "0.798", _minilm("none:vanilla", "accuracy"), F3))
 
 # numbers that are settings, not measurements
 PARAMETERS = {R: {"0.01", "0.1", "95%"}, ME: {"3.10"}}  # lambdas, a CI level, Python
