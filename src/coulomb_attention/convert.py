@@ -64,6 +64,7 @@ __all__ = [
     "embedding_fidelity",
     "evaluate_conversion",
     "evaluate_encoder",
+    "held_out",
     "load_sentences",
     "probe_metrics",
     "read_sentence_file",
@@ -295,16 +296,21 @@ def window_mass(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, wi
         total, rows = 0.0, 0
         for (h, _), (_, m) in zip(layer_inputs(model, li, chunks), chunks, strict=True):
             logits = layer.queries(h).double() @ layer.keys(h).double().transpose(-1, -2)
-            inside, _rest = window_masks(h.shape[1], window, layer.causal)
-            visible = m[:, None, None, :]
-            if layer.causal:
-                visible = visible & torch.ones_like(inside).tril()[None, None]
+            inside, rest = window_masks(h.shape[1], window, layer.causal)
+            visible = m[:, None, None, :] & (inside | rest)[None, None]  # causal: s <= t
             p = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1)
             share = (p * inside[None, None]).sum(-1)  # (B, H, T)
             total += float((share * m[:, None, :]).sum())
             rows += int(m.sum()) * share.shape[1]
         out.append(total / rows)
     return out
+
+
+def _check_doc_lengths(lengths, positions: int) -> None:
+    too_long = [n for n in lengths if n > positions]
+    if too_long:
+        raise ValueError(f"pseudo-documents of {too_long} tokens exceed the model's {positions} "
+                         "positions")
 
 
 def document_fidelity(teacher, model, tokenizer, config: ConvertConfig, data_dir=None
@@ -315,11 +321,7 @@ def document_fidelity(teacher, model, tokenizer, config: ConvertConfig, data_dir
     the teacher's attention mass inside it (:func:`window_mass`)."""
     from .data.documents import document_texts, pseudo_documents
 
-    positions = int(teacher.config.max_len)
-    too_long = [n for n in config.doc_lengths if n > positions]
-    if too_long:
-        raise ValueError(f"pseudo-documents of {too_long} tokens exceed the model's {positions} "
-                         "positions")
+    _check_doc_lengths(config.doc_lengths, int(teacher.config.max_len))
     texts = document_texts(config.doc_task, data_dir)
     out: dict[str, Any] = {"task": config.doc_task, "n": config.doc_count, "lengths": {}}
     for length in config.doc_lengths:
@@ -470,10 +472,8 @@ def convert_encoder(
     else:
         model = load_pretrained_encoder(directory, config.feature_map, config.n_features,
                                         share_features=False, generator=config.seed)
-    too_long = [n for n in config.doc_lengths if n > int(bert["max_position_embeddings"])]
-    if too_long:  # before the conversion, not after it
-        raise ValueError(f"pseudo-documents of {too_long} tokens exceed the model's "
-                         f"{bert['max_position_embeddings']} positions")
+    # before the conversion, not after it
+    _check_doc_lengths(config.doc_lengths, int(bert["max_position_embeddings"]))
     if config.window:
         if config.window > int(bert["max_position_embeddings"]):
             raise ValueError(f"window {config.window} is larger than the model's "
@@ -560,10 +560,13 @@ def convert_encoder(
         result["lowrank"] = {"finish": finish_rec, "checkpoint": "lowrank/checkpoint",
                              "conversion_s": distill_s + finish_rec["time_s"]}
     if evaluate:
-        result.update(evaluate_encoder(model, teacher, tok, config, data_dir))
+        t0 = time.perf_counter()
+        held = held_out(teacher, tok, config, data_dir)
+        result.update(evaluate_encoder(model, teacher, tok, config, data_dir, held=held))
+        result["eval_s"] = time.perf_counter() - t0  # with the held-out sentences' time
         if finished is not None:  # its own row, never mixed with the pure-linear one
             result["lowrank"].update(evaluate_encoder(finished, teacher, tok, config, data_dir,
-                                                      documents=False))
+                                                      documents=False, held=held))
     result["total_s"] = time.perf_counter() - t_start
     atomic_write_json(out / "result.json", result)
     if (out / "state").is_dir():
@@ -579,18 +582,26 @@ EVAL_FIELDS = ("eval_sentences", "probe_tasks", "probe_train", "probe_eval", "pr
                "doc_lengths", "doc_count", "doc_task")
 
 
-def evaluate_encoder(model, teacher, tokenizer, config: ConvertConfig, data_dir=None, *,
-                     documents: bool = True) -> dict[str, Any]:
-    """``fidelity`` on ``config.eval_sentences`` held-out sentences (evaluation splits, seed
-    ``10_000 + config.seed``), ``probe`` of ``config.probe_tasks``, with ``documents`` and
-    ``config.doc_lengths`` the pseudo-documents' (:func:`document_fidelity`), and ``eval_s``."""
-    t0 = time.perf_counter()
+def held_out(teacher, tokenizer, config: ConvertConfig, data_dir=None
+             ) -> tuple[list[str], torch.Tensor]:
+    """``config.eval_sentences`` held-out sentences (evaluation splits, seed ``10_000 +
+    config.seed``) and the teacher's embeddings of them."""
     held = load_sentences(("sst2", "rotten_tomatoes", "qqp") if config.sentences_file
                           else config.tasks, "eval", data_dir, config.eval_sentences,
                           10_000 + config.seed)
+    return held, embed(teacher, tokenizer, held, config.max_length, config.batch_size)
+
+
+def evaluate_encoder(model, teacher, tokenizer, config: ConvertConfig, data_dir=None, *,
+                     documents: bool = True, held=None) -> dict[str, Any]:
+    """``fidelity`` on the held-out sentences (:func:`held_out`; pass its result as ``held``
+    to share it between rows), ``probe`` of ``config.probe_tasks``, with ``documents`` and
+    ``config.doc_lengths`` the pseudo-documents' (:func:`document_fidelity`), and ``eval_s``."""
+    t0 = time.perf_counter()
+    sentences, target = held if held is not None else held_out(teacher, tokenizer, config,
+                                                               data_dir)
     out: dict[str, Any] = {"fidelity": embedding_fidelity(
-        embed(teacher, tokenizer, held, config.max_length, config.batch_size),
-        embed(model, tokenizer, held, config.max_length, config.batch_size))}
+        target, embed(model, tokenizer, sentences, config.max_length, config.batch_size))}
     out["probe"] = run_probes(model, tokenizer, config, data_dir)
     if documents and config.doc_lengths:
         out["documents"] = document_fidelity(teacher, model, tokenizer, config, data_dir)
@@ -635,7 +646,8 @@ def evaluate_conversion(directory: str | os.PathLike, changes: dict[str, Any] | 
     for key in ("fidelity", "probe", "documents"):
         res.pop(key, None)
     res.update(evaluate_encoder(model, teacher, tok, config, data_dir))
-    res["evaluation"] = {k: _to_json(config).get(k, getattr(config, k)) for k in EVAL_FIELDS}
+    settings = json.loads(json.dumps(dataclasses.asdict(config), default=list))
+    res["evaluation"] = {k: settings[k] for k in EVAL_FIELDS}
     atomic_write_json(d / "result.json", res)
     return res
 

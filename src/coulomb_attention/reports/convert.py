@@ -163,10 +163,16 @@ def _lowrank_lines(res: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def grid_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Aggregate grid results (mean and spread over seeds) per (variant label, M)."""
+def _mean_sd(values) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value) over seeds."""
     import numpy as np
 
+    v = np.array(values, dtype=float)
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+
+def grid_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Aggregate grid results (mean and spread over seeds) per (variant label, M)."""
     teacher = next((r for r in rows if r["config"]["variant"] == "softmax"), None)
     groups: dict[tuple, list] = {}
     for r in rows:
@@ -179,8 +185,7 @@ def grid_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (label, m), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         def stat(get, rs=rs):
-            v = np.array([get(r) for r in rs], dtype=float)
-            return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+            return _mean_sd([get(r) for r in rs])
 
         row = {"variant": label, "M": m, "seeds": len(rs),
                "cos_mean": stat(lambda r: r["fidelity"]["cos_mean"]),
@@ -306,9 +311,7 @@ def write_rows_report(manifest: str | Path) -> Path:
             if not vals:
                 cells.append("")
                 continue
-            mean = sum(vals) / len(vals)
-            sd = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 \
-                if len(vals) > 1 else 0.0
+            mean, sd = _mean_sd(vals)
             stats[k] = {"mean": mean, "sd": sd, "n": len(vals)}
             fmt = ".0f" if k == "conversion s" else ".4f"
             cells.append(f"{mean:{fmt}}" + (f" ({sd:{fmt}})" if len(vals) > 1 else ""))
