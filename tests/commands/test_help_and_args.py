@@ -205,6 +205,16 @@ def test_convert_flag_tables_match_the_configs():
 
     assert cmd.LORA_OBJECTIVES == tuple(OBJECTIVES) and cmd.LORA_TARGETS == ALL_TARGETS
     assert set(cmd.LORA_FLAGS.values()) <= {f.name for f in dataclasses.fields(FinishConfig)}
+    # --evaluate accepts exactly the flags whose field the library lets it change
+    assert set(cmd.EVALUATION_FLAGS) == {flag for flag, field in cmd.CONVERT_FLAGS.items()
+                                         if field in conv.EVAL_FIELDS}
+    argv = ["convert", "--out", "x", "--evaluate", "--doc-lengths", "256", "--steps", "3",
+            "--feature-map", "favor"]
+    with pytest.raises(ValueError, match="--feature-map, --steps"):
+        cmd.evaluation_changes(build_parser(argv).parse_args(argv))
+    argv = ["convert", "--out", "x", "--evaluate", "--doc-lengths", "256", "--probe-eval", "9"]
+    assert cmd.evaluation_changes(build_parser(argv).parse_args(argv)) == {
+        "doc_lengths": [256], "probe_eval": 9}
     argv = ["convert", "--out", "x", "--lora-rank", "4", "--lora-objective", "layers",
             "--lora-targets", "q_proj", "fc1"]
     fin = cmd.config_from_args(build_parser(argv).parse_args(argv)).finish

@@ -17,6 +17,10 @@ CONVERT_FLAGS = {"encoder": "encoder", "feature_map": "feature_map", "n_features
                  "probe_tasks": "probe_tasks", "probe_train": "probe_train",
                  "probe_eval": "probe_eval", "window": "window", "doc_lengths": "doc_lengths",
                  "doc_count": "doc_count"}
+#: the flags (dests) ``convert --evaluate`` accepts: those of CONVERT_FLAGS whose field is in
+#: convert.EVAL_FIELDS (tests/commands/test_help_and_args.py checks the two agree)
+EVALUATION_FLAGS = ("eval_sentences", "probe_tasks", "probe_train", "probe_eval", "doc_lengths",
+                    "doc_count")
 #: flag (dest) -> DistillConfig field
 DISTILL_FLAGS = {"n_sentences": "n_examples", "holdout": "holdout", "steps": "steps",
                  "batch_size": "batch_size", "rows": "rows_per_sequence", "eta": "eta",
@@ -54,3 +58,16 @@ def dflt(dest: str) -> str:
                 f"{value:g}" if isinstance(value, float) else str(value)
             return f"(default: {text})"
     raise KeyError(f"--{dest.replace('_', '-')} sets no config field")
+
+
+def evaluation_changes(args) -> dict:
+    """The evaluation settings ``convert --evaluate`` was given (ConvertConfig field -> value).
+
+    Raises ValueError naming every flag given that would change the conversion itself.
+    """
+    other = [f"--{flag.replace('_', '-')}" for flag in (*CONVERT_FLAGS, *DISTILL_FLAGS)
+             if flag not in EVALUATION_FLAGS and getattr(args, flag) is not None]
+    if other:
+        raise ValueError(f"--evaluate changes only the evaluation, not {', '.join(other)}")
+    return {CONVERT_FLAGS[flag]: getattr(args, flag) for flag in EVALUATION_FLAGS
+            if getattr(args, flag) is not None}

@@ -27,12 +27,14 @@ from ._args import add_progress, progress_mode
 from ._convert_flags import (  # noqa: F401  (re-exported: the tests read them)
     CONVERT_FLAGS,
     DISTILL_FLAGS,
+    EVALUATION_FLAGS,
     HELP_DEFAULTS,
     LORA_FLAGS,
     LORA_OBJECTIVES,
     LORA_TARGETS,
     VARIANTS,
     dflt,
+    evaluation_changes,
 )
 
 if TYPE_CHECKING:
@@ -168,30 +170,11 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
                          finish=finish_from_args(args))
 
 
-def _print_result(res: dict) -> None:
-    fid = res.get("fidelity")
-    if fid:
-        print(f"embedding cosine mean {fid['cos_mean']:.4f}, p5 {fid['cos_p5']:.4f}; "
-              f"Spearman {fid['spearman']:.4f}; distillation {res['distill_s']:.0f} s")
-    for n, row in res.get("documents", {}).get("lengths", {}).items():
-        mass = row.get("window_mass")
-        print(f"{n}-token pseudo-documents: cosine mean {row['cos_mean']:.4f}, p5 "
-              f"{row['cos_p5']:.4f}" + (f"; teacher attention inside the window "
-                                        f"{mass['mean']:.3f}" if mass else ""))
-    low = res.get("lowrank")
-    if low and "fidelity" in low:
-        fid, fin = low["fidelity"], low["finish"]
-        print(f"low-rank finished (rank {fin['rank']}, {fin['trained_params']} trained "
-              f"parameters): embedding cosine mean {fid['cos_mean']:.4f}, p5 "
-              f"{fid['cos_p5']:.4f}; Spearman {fid['spearman']:.4f}; conversion "
-              f"{low['conversion_s']:.0f} s")
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..convert import convert_encoder, speed_table
-    from ..reports.convert import write_convert_report
+    from ..reports.convert import result_lines, write_convert_report
 
     torch.set_num_threads(max(1, args.threads))
     args.progress = progress_mode(args) != "none"  # bars only on a terminal, else lines
@@ -205,20 +188,15 @@ def run(args: argparse.Namespace) -> int:
         run_convert_grid(cfg, args.grid, args.seeds, args.variants, args.lams, out,
                          data_dir=args.data_dir, progress=args.progress)
     elif args.evaluate:
-        from ..convert import EVAL_FIELDS, evaluate_conversion
+        from ..convert import evaluate_conversion
 
-        given = {field: getattr(args, flag) for flag, field in CONVERT_FLAGS.items()
-                 if field in EVAL_FIELDS and getattr(args, flag) is not None}
-        other = [f"--{f.replace('_', '-')}" for f, field in {**CONVERT_FLAGS, **DISTILL_FLAGS}
-                 .items() if field not in EVAL_FIELDS and getattr(args, f) is not None]
-        if other:
-            raise ValueError(f"--evaluate changes only the evaluation, not {', '.join(other)}")
-        _print_result(evaluate_conversion(out, given, data_dir=args.data_dir))
+        res = evaluate_conversion(out, evaluation_changes(args), data_dir=args.data_dir)
+        print("\n".join(result_lines(res)))
         print(f"wrote {write_convert_report(out)}")
     elif not args.speed or not (out / "result.json").is_file():
         res = convert_encoder(cfg, out, data_dir=args.data_dir, progress=args.progress,
                               evaluate=not args.no_eval)
-        _print_result(res)
+        print("\n".join(result_lines(res)))
         print(f"wrote {write_convert_report(out)}")
         if not args.no_hf and (out / "checkpoint").is_dir():
             from ..export import export_hf_directory

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import pyplot
 
-__all__ = ["grid_table", "read_jsonl", "write_convert_report", "write_grid_report",
+__all__ = ["grid_table", "read_jsonl", "result_lines", "write_convert_report", "write_grid_report",
            "write_rows_report"]
 
 
@@ -123,6 +123,29 @@ def write_convert_report(directory: str | Path) -> Path:
     out = d / "report.md"
     out.write_text("\n".join(lines), encoding="utf-8")
     return out
+
+
+def result_lines(res: dict[str, Any]) -> list[str]:
+    """The console summary of one conversion's ``result.json``: fidelity on the held-out
+    sentences and pseudo-documents, and the low-rank finished row when there is one."""
+    lines = []
+    fid = res.get("fidelity")
+    if fid:
+        lines.append(f"embedding cosine mean {fid['cos_mean']:.4f}, p5 {fid['cos_p5']:.4f}; "
+                     f"Spearman {fid['spearman']:.4f}; distillation {res['distill_s']:.0f} s")
+    for n, row in res.get("documents", {}).get("lengths", {}).items():
+        mass = row.get("window_mass")
+        lines.append(f"{n}-token pseudo-documents: cosine mean {row['cos_mean']:.4f}, p5 "
+                     f"{row['cos_p5']:.4f}" + (f"; teacher attention inside the window "
+                                               f"{mass['mean']:.3f}" if mass else ""))
+    low = res.get("lowrank")
+    if low and "fidelity" in low:
+        fid, fin = low["fidelity"], low["finish"]
+        lines.append(f"low-rank finished (rank {fin['rank']}, {fin['trained_params']} trained "
+                     f"parameters): embedding cosine mean {fid['cos_mean']:.4f}, p5 "
+                     f"{fid['cos_p5']:.4f}; Spearman {fid['spearman']:.4f}; conversion "
+                     f"{low['conversion_s']:.0f} s")
+    return lines
 
 
 def _lowrank_lines(res: dict[str, Any]) -> list[str]:
