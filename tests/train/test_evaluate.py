@@ -44,3 +44,20 @@ def test_robust_config_rejects_bad_names_and_rates():
         RobustConfig(kinds=("shuffle-all",))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         RobustConfig(rates=(1.5,))
+
+
+def test_monitor_subset_is_fixed_and_capped():
+    """The per-epoch monitor reads every example of a small split, and a fixed subset (the
+    same rows for every run) of a large one, in the split's order."""
+    from coulomb_attention.train.run import monitor_subset
+
+    data = synthetic_set(n=40)
+    assert monitor_subset(data, limit=40) is data
+    a, b = monitor_subset(data, limit=15), monitor_subset(synthetic_set(n=40), limit=15)
+    assert len(a) == 15 and torch.equal(a.input_ids, b.input_ids)
+    assert torch.equal(a.labels, b.labels)
+    # every row is a row of the split, no row twice, kept in the split's order
+    rows = [next(i for i in range(40) if torch.equal(data.input_ids[i], a.input_ids[j])
+                 and torch.equal(data.attention_mask[i], a.attention_mask[j])) for j in range(15)]
+    assert len(set(rows)) == 15 and rows == sorted(rows)
+    assert torch.equal(data.labels[rows], a.labels)

@@ -443,6 +443,21 @@ SAMPLE_WARNING = ("WARNING: no data directory given (--data-dir or $COULOMB_DATA
                   "--data-dir hf.")
 
 
+#: the per-epoch monitor (history only: no model selection) reads at most this many evaluation
+#: examples; the full split is evaluated once, after training
+MONITOR_EXAMPLES = 2000
+
+
+def monitor_subset(ev_set: EncodedDataset, limit: int = MONITOR_EXAMPLES) -> EncodedDataset:
+    """The evaluation examples the per-epoch monitor reads: all of them up to ``limit``, else a
+    fixed random subset of ``limit`` (seed 0, the same for every run and variant)."""
+    if len(ev_set) <= limit:
+        return ev_set
+    idx = torch.randperm(len(ev_set), generator=torch.Generator().manual_seed(0))[:limit]
+    idx = idx.sort().values
+    return EncodedDataset(ev_set.input_ids[idx], ev_set.attention_mask[idx], ev_set.labels[idx])
+
+
 def resume_point(out: str | Path) -> str | None:
     """Where a run in ``out`` would resume, in words (``"after warm-up epoch 2"``), or ``None``
     when it holds nothing to resume from. The latest stage wins: fine-tune, phase A, warm-up."""
@@ -558,9 +573,12 @@ def run(
     stored = checkpoint_config(to_dict(config))
     bs = config.train.eval_batch_size
 
+    watch = monitor_subset(ev_set)
+
     def monitor(m) -> dict[str, float]:
-        r = metrics_of(predict_proba(m, ev_set, bs), ev.labels)
-        return {"eval_accuracy": r["accuracy"], "eval_log_loss": r["log_loss"]}
+        r = metrics_of(predict_proba(m, watch, bs), watch.labels.numpy())
+        return {"eval_accuracy": r["accuracy"], "eval_log_loss": r["log_loss"],
+                "eval_n": len(watch)}
 
     history: dict[str, list] = {}
     warm_dir = ckpt_root / "warmup"
