@@ -31,6 +31,7 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("favor:teacher", "favor:vanilla"),
     ("favor:teacher", "softmax:vanilla"),
     ("favor:teacher", "hedgehog:hedgehog"),
+    ("favor:teacher", "favor:adam"),  # the particles vs plain Adam on the same conversion
     ("hedgehog:hedgehog", "softmax:vanilla"),
     ("hedgehog:teacher", "hedgehog:hedgehog"),
     ("hedgehog:teacher", "softmax:vanilla"),

@@ -9,6 +9,9 @@ teacher    phase A = the conversion (``coulomb-attention convert``: layer-wise r
            encoder's own softmax attention, then the joint refinement), cached per
            (encoder, map, M, seed) and reused by every task; phase B fine-tunes the rest
 labels     phase A = the paper's literal label alignment (kernel-target alignment + repulsion)
+adam       the reviewer's ablation of ``teacher``: the same conversion (same parameters, data,
+           objective and steps) fitted by plain Adam, no repulsion and no noise
+           (``distill.method = "adam"``), then the same fine-tuning
 hedgehog   Hedgehog's baseline (Zhang et al. 2024): its map ``[softmax(W x), softmax(-W x)]``
            with tied ``W`` fitted by Adam on the same conversion objective (``hedgehog:hedgehog``;
            ``hedgehog:teacher`` is the method's particles, untied, on the same map)
@@ -41,6 +44,7 @@ KERNELS: dict[str, dict[str, Any]] = {
     "vanilla": {"kernel": "vanilla"},
     "teacher": {"kernel": "learned", "objective": "teacher"},
     "labels": {"kernel": "learned", "objective": "labels"},
+    "adam": {"kernel": "learned", "objective": "teacher", "distill": {"method": "adam"}},
     "hedgehog": {"kernel": "learned", "objective": "teacher", "distill": {"method": "hedgehog"}},
 }
 #: names of earlier versions of this study
