@@ -522,3 +522,46 @@ def test_convert_evaluate_measures_a_finished_conversion_again(tiny_dir, tmp_pat
         rc = main(["convert", "--evaluate", *argv])
         err = capsys.readouterr().err.strip()
         assert rc == 2 and msg in err and "\n" not in err, (argv, err)
+
+
+def test_pairs_distil_a_pair_task_whole_and_keep_the_cache_keys(tiny_dir, tmp_path):
+    """``convert --pairs``: QQP's training pairs stay whole ([CLS] a [SEP] b [SEP]) while
+    single-sentence tasks are unchanged; configurations without it keep their cache keys."""
+    from coulomb_attention.convert import (
+        _encode_texts,
+        _to_json,
+        conversion_key,
+        load_sentences,
+    )
+    from coulomb_attention.train.run import checkpoint_config
+
+    single = load_sentences(("qqp",), "train", None, 12, 0)
+    whole = load_sentences(("sst2", "qqp"), "train", None, 12, 0, pairs=True)
+    assert single and all(isinstance(t, str) for t in single)
+    tuples = [t for t in whole if isinstance(t, tuple)]
+    assert tuples and all(len(t) == 2 and all(s.strip() for s in t) for t in tuples)
+    assert any(isinstance(t, str) for t in whole)  # SST-2's sentences stay sentences
+    tok = load_pretrained_tokenizer(tiny_dir)
+    ids, mask = _encode_texts(tok, tuples + ["good fun"], 32)
+    seps = (ids == tok.sep_id).sum(1)
+    assert seps[:-1].eq(2).all() and seps[-1] == 1, seps
+    # the field is absent from the key of every configuration without it (old caches hold)
+    plain = ConvertConfig()
+    assert "pairs" not in _to_json(plain)["distill"]
+    paired = ConvertConfig(distill=DistillConfig(pairs=True))
+    assert _to_json(paired)["distill"]["pairs"] is True
+    assert conversion_key(paired) != conversion_key(plain)
+    assert "pairs" not in checkpoint_config({"distill": {"method": "adam", "pairs": False}})[
+        "distill"]
+    with pytest.raises(ValueError, match="pairs"):
+        DistillConfig(pairs="yes")
+    # a whole conversion on pairs (QQP's shipped sample)
+    cfg = ConvertConfig(encoder=str(tiny_dir), n_features=4, tasks=("qqp",), max_length=32,
+                        distill=_cfg(steps=2, refine_steps=2, refine_examples=9, pairs=True),
+                        eval_sentences=6,
+                        probe_tasks=())
+    with pytest.raises(ValueError, match="max_length 32 is larger than the model's 24"):
+        convert_encoder(cfg, tmp_path / "long", log=lambda *_: None)
+    cfg = ConvertConfig(**{**cfg.__dict__, "max_length": 24})
+    res = convert_encoder(cfg, tmp_path / "pairs", log=lambda *_: None)
+    assert res["config"]["distill"]["pairs"] is True and res["n_sentences"] == 12

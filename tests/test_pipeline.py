@@ -239,6 +239,17 @@ def test_conversion_of_a_run_names_map_m_seed_and_method():
     assert h.variant == "hedgehog" and h.distill.method == "langevin"
     assert conversion_key(c).startswith("minilm-porf_softplus-particles-M32-s3-")
     assert conversion_key(c) != conversion_key(h)
+    # favor:adam, the reviewer's ablation: the same conversion fitted by plain Adam, its own
+    # cache entry beside the particles' (same map, M and seed)
+    from coulomb_attention.studies.minilm import parse_variant
+
+    over = parse_variant("favor", "adam")
+    a = conversion_of_run(pipeline.make_run_config({**base, **over}))
+    p = conversion_of_run(pipeline.make_run_config({**base, **parse_variant("favor",
+                                                                            "teacher")}))
+    assert (a.variant, a.distill.method, p.distill.method) == ("particles", "adam", "langevin")
+    assert conversion_key(a).startswith("minilm-favor-particles-M32-s3-")
+    assert conversion_key(a) != conversion_key(p)
 
 
 # --------------------------------------------------------------------------- is_done

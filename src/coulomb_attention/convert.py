@@ -208,19 +208,25 @@ def read_sentence_file(path: str | os.PathLike) -> list[str]:
     return lines
 
 
-def load_sentences(tasks: Sequence[str], split: str, data_dir, n: int, seed: int) -> list[str]:
-    """``n`` distinct sentences (each side of a pair counts as one) of ``tasks``' ``split``
-    (``"train"`` or ``"eval"``: each task's evaluation split), drawn at random with ``seed``."""
+def load_sentences(tasks: Sequence[str], split: str, data_dir, n: int, seed: int, *,
+                   pairs: bool = False) -> list[str | tuple[str, str]]:
+    """``n`` distinct sentences of ``tasks``' ``split`` (``"train"`` or ``"eval"``: each task's
+    evaluation split), drawn at random with ``seed``. Each side of a pair counts as one
+    sentence; with ``pairs`` a pair task's example stays one ``(a, b)`` tuple instead (encoded
+    ``[CLS] a [SEP] b [SEP]``, so attention across the pair is seen)."""
     from .data import get_task, load_task
 
-    out: list[str] = []
+    out: list = []
     per = -(-n // max(len(tasks), 1))
     for i, task in enumerate(tasks):
         spec = get_task(task)
         name = spec.train_split if split == "train" else spec.eval_split
         ex = load_task(task, name, data_dir, limit=per, random_state=seed + 101 * i)
         for texts in ex.texts:
-            out.extend(t for t in texts if t.strip())
+            if pairs and len(texts) == 2 and all(t.strip() for t in texts):
+                out.append(tuple(texts))
+            else:
+                out.extend(t for t in texts if t.strip())
     seen, unique = set(), []
     for s in out:
         if s not in seen:
@@ -431,7 +437,8 @@ def _load_progress(state_dir: Path, model, config: dict | None = None) -> dict[s
 
 
 def _encode_texts(tok, texts, max_length):
-    ids, mask = tok.encode_batch([(t,) for t in texts], max_length=max_length)[:2]
+    ids, mask = tok.encode_batch([t if isinstance(t, tuple) else (t,) for t in texts],
+                                 max_length=max_length)[:2]
     return ids, mask
 
 
@@ -474,6 +481,9 @@ def convert_encoder(
                                         share_features=False, generator=config.seed)
     # before the conversion, not after it
     _check_doc_lengths(config.doc_lengths, int(bert["max_position_embeddings"]))
+    if config.max_length > int(bert["max_position_embeddings"]):
+        raise ValueError(f"max_length {config.max_length} is larger than the model's "
+                         f"{bert['max_position_embeddings']} positions")
     if config.window:
         if config.window > int(bert["max_position_embeddings"]):
             raise ValueError(f"window {config.window} is larger than the model's "
@@ -490,7 +500,7 @@ def convert_encoder(
         dc = config.distill
         pool = max(dc.n_examples, dc.refine_examples if dc.refine_steps else 0)
         sentences = load_sentences(config.tasks, "train", data_dir, pool + dc.holdout,
-                                   config.seed)
+                                   config.seed, pairs=dc.pairs)
     records: list[dict] = []
     refine: dict | None = None
     distill_s = 0.0
@@ -686,6 +696,8 @@ def _to_json(config) -> dict[str, Any]:
     if isinstance(config, ConvertConfig) and not config.window:
         for key in ("window", "window_linear", "window_fit"):  # likewise the window's
             d.pop(key)
+    if isinstance(config, ConvertConfig) and not config.distill.pairs:
+        d["distill"].pop("pairs")  # and the pair sequences'
     if isinstance(config, ConvertConfig) and not config.doc_lengths:
         for key in ("doc_lengths", "doc_count", "doc_task"):  # and the pseudo-documents'
             d.pop(key)

@@ -27,7 +27,7 @@ DISTILL_FLAGS = {"n_sentences": "n_examples", "holdout": "holdout", "steps": "st
                  "eta_end": "eta_end", "beta": "beta", "lam": "lam",
                  "output_weight": "output_weight", "lr": "lr", "refine_steps": "refine_steps",
                  "refine_sentences": "refine_examples", "refine_eta": "refine_eta",
-                 "refine_max_drift": "refine_max_drift"}
+                 "refine_max_drift": "refine_max_drift", "pairs": "pairs"}
 #: flag (dest) -> FinishConfig field (with --lora-rank > 0)
 LORA_FLAGS = {"lora_steps": "steps", "lora_lr": "lr", "lora_objective": "objective",
               "lora_aux_weight": "aux_weight", "lora_targets": "targets"}
@@ -42,7 +42,8 @@ HELP_DEFAULTS = {
     "distill": {"n_examples": 1024, "holdout": 256, "steps": 150, "batch_size": 64,
                 "rows_per_sequence": 16, "eta": 3.0, "eta_end": 0.3, "beta": 1e6, "lam": 0.0,
                 "output_weight": 0.0, "lr": 0.02, "refine_steps": 200,
-                "refine_examples": 4096, "refine_eta": 1.0, "refine_max_drift": 0.05},
+                "refine_examples": 4096, "refine_eta": 1.0, "refine_max_drift": 0.05,
+                "pairs": False},
     "finish": {"steps": 200, "lr": 0.002, "objective": "embedding", "aux_weight": 1.0,
                "targets": ("q_proj", "k_proj", "v_proj", "out_proj")},
 }

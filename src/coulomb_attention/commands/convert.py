@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/convert", help="output directory (default: %(default)s)")
     p.add_argument("--sentences", default=None,
                    help="text file, one sentence per line (default: training text of --tasks)")
+    p.add_argument("--pairs", action="store_const", const=True, default=None,
+                   help="distil on a pair task's (QQP's) training pairs as whole pairs, "
+                        "[CLS] a [SEP] b [SEP], instead of each question on its own "
+                        f"{dflt('pairs')}")
     p.add_argument("--tasks", nargs="+", help=dflt("tasks"))
     p.add_argument("--max-length", type=int, help=dflt("max_length"))
     p.add_argument("--n-sentences", type=int,

@@ -32,6 +32,8 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("favor:teacher", "softmax:vanilla"),
     ("favor:teacher", "hedgehog:hedgehog"),
     ("favor:teacher", "favor:adam"),  # the particles vs plain Adam on the same conversion
+    ("favor:teacher_pairs", "favor:teacher"),  # a conversion that sees pairs whole
+    ("favor:teacher_pairs", "softmax:vanilla"),
     ("hedgehog:hedgehog", "softmax:vanilla"),
     ("hedgehog:teacher", "hedgehog:hedgehog"),
     ("hedgehog:teacher", "softmax:vanilla"),

@@ -3,19 +3,23 @@ on every task and seed through the one run pipeline (``coulomb-attention minilm 
 
 A variant is ``ATTENTION:KERNEL``; KERNEL says how the features are obtained:
 
-========== ==================================================================================
-vanilla    fresh fixed features (a new draw per seed); ``softmax:vanilla`` is the original
-teacher    phase A = the conversion (``coulomb-attention convert``: layer-wise row KL to the
-           encoder's own softmax attention, then the joint refinement), cached per
-           (encoder, map, M, seed) and reused by every task; phase B fine-tunes the rest
-labels     phase A = the paper's literal label alignment (kernel-target alignment + repulsion)
-adam       the reviewer's ablation of ``teacher``: the same conversion (same parameters, data,
-           objective and steps) fitted by plain Adam, no repulsion and no noise
-           (``distill.method = "adam"``), then the same fine-tuning
-hedgehog   Hedgehog's baseline (Zhang et al. 2024): its map ``[softmax(W x), softmax(-W x)]``
-           with tied ``W`` fitted by Adam on the same conversion objective (``hedgehog:hedgehog``;
-           ``hedgehog:teacher`` is the method's particles, untied, on the same map)
-========== ==================================================================================
+============= ============================================================================
+vanilla       fresh fixed features (a new draw per seed); ``softmax:vanilla`` is the original
+teacher       phase A = the conversion (``coulomb-attention convert``: layer-wise row KL to the
+              encoder's own softmax attention, then the joint refinement), cached per
+              (encoder, map, M, seed) and reused by every task; phase B fine-tunes the rest
+labels        phase A = the paper's literal label alignment (kernel-target alignment +
+              repulsion)
+adam          the reviewer's ablation of ``teacher``: the same conversion (same parameters,
+              data, objective and steps) fitted by plain Adam, no repulsion and no noise
+              (``distill.method = "adam"``), then the same fine-tuning
+teacher_pairs ``teacher`` whose conversion sees a pair task's (QQP's) training pairs whole,
+              ``[CLS] a [SEP] b [SEP]`` (``convert --pairs``), not each question on its own
+hedgehog      Hedgehog's baseline (Zhang et al. 2024): its map ``[softmax(W x), softmax(-W x)]``
+              with tied ``W`` fitted by Adam on the same conversion objective
+              (``hedgehog:hedgehog``; ``hedgehog:teacher`` is the method's particles,
+              untied, on the same map)
+============= ============================================================================
 
 Runs are seed-major (every variant of seed 0, then seed 1, ...) so an interrupted study
 already holds complete pairs. Each run writes ``OUT/<task>-<attention>-<kernel>-s<seed>/``
@@ -45,6 +49,7 @@ KERNELS: dict[str, dict[str, Any]] = {
     "teacher": {"kernel": "learned", "objective": "teacher"},
     "labels": {"kernel": "learned", "objective": "labels"},
     "adam": {"kernel": "learned", "objective": "teacher", "distill": {"method": "adam"}},
+    "teacher_pairs": {"kernel": "learned", "objective": "teacher", "distill": {"pairs": True}},
     "hedgehog": {"kernel": "learned", "objective": "teacher", "distill": {"method": "hedgehog"}},
 }
 #: names of earlier versions of this study

@@ -131,6 +131,9 @@ class DistillConfig(ParticleConfig):
     refine_lr : float       Adam learning rate of the ``hedgehog``/``adam`` refinement
     refine_examples : int   sequences the refinement fits on (the distillation's and further
                             ones; the held-out ones are never among them)
+    pairs : bool            ``convert`` only: a pair task's (QQP's) training text is distilled
+                            on as whole pairs ``[CLS] a [SEP] b [SEP]`` (attention across the
+                            pair), not each side on its own (the default)
     """
 
     n_examples: int = 1024
@@ -156,6 +159,7 @@ class DistillConfig(ParticleConfig):
     refine_max_drift: float = 0.05
     refine_lr: float = 0.01
     refine_examples: int = 4096
+    pairs: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -165,6 +169,8 @@ class DistillConfig(ParticleConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if not isinstance(self.pairs, bool):
+            raise ValueError(f"pairs must be true or false, got {self.pairs!r}")
         check_choice("potential", self.potential, POTENTIALS)
         check_choice("dtype", self.dtype, DTYPES)
         for name in ("refine_eta", "refine_eta_end", "refine_lr"):

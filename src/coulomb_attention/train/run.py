@@ -216,6 +216,7 @@ _LATER_KEYS: dict[tuple[str, ...], Any] = {
     ("probe_init",): False,
     ("freeze_word_embeddings",): False,
     ("distill",): to_dict(DistillConfig()),
+    ("distill", "pairs"): False,
     # how the particles move, in every ParticleConfig since the one particle fit (issue 34)
     **{("align", k): getattr(AlignConfig(), k)
        for k in ("method", "lr", "tau", "w_min", "normalize_drift")},
