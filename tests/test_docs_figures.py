@@ -179,7 +179,8 @@ _MINILM_TASKS = {"sst2": "### SST-2", "rotten_tomatoes": "### Rotten Tomatoes", 
 
 
 #: rows only some tasks' tables have: variant -> (label, tasks)
-_MINILM_EXTRA = {"hedgehog:teacher": ("particles on Hedgehog's map (teacher)", ("sst2",))}
+_MINILM_EXTRA = {"hedgehog:teacher": ("particles on Hedgehog's map (teacher)", ("sst2",)),
+                 "favor:adam": ("FAVOR+ learned by plain Adam (ablation)", ("sst2",))}
 
 
 def _minilm_quotes() -> list[tuple]:
@@ -218,6 +219,8 @@ _MINILM_PAIRS = [  # (documents, text, pair, task)
     ((R, ME), "+0.0196 [+0.0170, +0.0222]", "favor:teacher - favor:vanilla", "qqp"),
     ((R, ME), "-0.0715 [-0.0750, -0.0680]", "favor:teacher - softmax:vanilla", "qqp"),
     ((R,), "-0.0133 [-0.0176, -0.0089]", "favor:teacher - hedgehog:hedgehog", "qqp"),
+    ((R, ME), "-0.0028 [-0.0199, +0.0144]", "favor:teacher - favor:adam", "sst2"),
+    ((R, ME), "+0.0511 [+0.0333, +0.0690]", "favor:adam - favor:vanilla", "sst2"),
 ]
 for _docs, _text, _pair, _task in _MINILM_PAIRS:
     for _doc in _docs:

@@ -32,6 +32,7 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("favor:teacher", "softmax:vanilla"),
     ("favor:teacher", "hedgehog:hedgehog"),
     ("favor:teacher", "favor:adam"),  # the particles vs plain Adam on the same conversion
+    ("favor:adam", "favor:vanilla"),
     ("favor:teacher_pairs", "favor:teacher"),  # a conversion that sees pairs whole
     ("favor:teacher_pairs", "softmax:vanilla"),
     ("hedgehog:hedgehog", "softmax:vanilla"),
