@@ -35,6 +35,7 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("favor:adam", "favor:vanilla"),
     ("favor:teacher_pairs", "favor:teacher"),  # a conversion that sees pairs whole
     ("favor:teacher_pairs", "softmax:vanilla"),
+    ("favor:teacher_pairs", "hedgehog:hedgehog"),
     ("hedgehog:hedgehog", "softmax:vanilla"),
     ("hedgehog:teacher", "hedgehog:hedgehog"),
     ("hedgehog:teacher", "softmax:vanilla"),
