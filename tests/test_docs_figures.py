@@ -180,7 +180,8 @@ _MINILM_TASKS = {"sst2": "### SST-2", "rotten_tomatoes": "### Rotten Tomatoes", 
 
 #: rows only some tasks' tables have: variant -> (label, tasks)
 _MINILM_EXTRA = {"hedgehog:teacher": ("particles on Hedgehog's map (teacher)", ("sst2",)),
-                 "favor:adam": ("FAVOR+ learned by plain Adam (ablation)", ("sst2",))}
+                 "favor:adam": ("FAVOR+ learned by plain Adam (ablation)", ("sst2",)),
+                 "favor:teacher_pairs": ("FAVOR+ learned, conversion on whole pairs", ("qqp",))}
 
 
 def _minilm_quotes() -> list[tuple]:
@@ -221,6 +222,9 @@ _MINILM_PAIRS = [  # (documents, text, pair, task)
     ((R,), "-0.0133 [-0.0176, -0.0089]", "favor:teacher - hedgehog:hedgehog", "qqp"),
     ((R, ME), "-0.0028 [-0.0199, +0.0144]", "favor:teacher - favor:adam", "sst2"),
     ((R, ME), "+0.0511 [+0.0333, +0.0690]", "favor:adam - favor:vanilla", "sst2"),
+    ((R,), "+0.0078 [+0.0025, +0.0131]", "favor:teacher_pairs - favor:teacher", "qqp"),
+    ((R,), "-0.0637 [-0.0722, -0.0551]", "favor:teacher_pairs - softmax:vanilla", "qqp"),
+    ((R,), "-0.0055 [-0.0152, +0.0042]", "favor:teacher_pairs - hedgehog:hedgehog", "qqp"),
 ]
 for _docs, _text, _pair, _task in _MINILM_PAIRS:
     for _doc in _docs:
