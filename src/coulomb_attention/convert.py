@@ -481,9 +481,6 @@ def convert_encoder(
                                         share_features=False, generator=config.seed)
     # before the conversion, not after it
     _check_doc_lengths(config.doc_lengths, int(bert["max_position_embeddings"]))
-    if config.max_length > int(bert["max_position_embeddings"]):
-        raise ValueError(f"max_length {config.max_length} is larger than the model's "
-                         f"{bert['max_position_embeddings']} positions")
     if config.window:
         if config.window > int(bert["max_position_embeddings"]):
             raise ValueError(f"window {config.window} is larger than the model's "

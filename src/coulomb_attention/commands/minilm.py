@@ -12,7 +12,8 @@ Actions (each run goes through the one pipeline, :func:`coulomb_attention.train.
 
 A variant is ``ATTENTION:KERNEL`` with KERNEL ``vanilla`` (fresh fixed features), ``teacher``
 (phase A = the conversion, cached), ``teacher_pairs`` (the conversion with ``--pairs``),
-``adam`` (the same conversion by plain Adam: no repulsion, no noise), ``labels`` (phase A = label alignment) or ``hedgehog``
+``adam`` (the same conversion by plain Adam: no repulsion, no noise), ``labels`` (phase A =
+label alignment) or ``hedgehog``
 (``hedgehog:hedgehog``, Hedgehog's baseline); :mod:`coulomb_attention.studies.minilm`.
 """
 
