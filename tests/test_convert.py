@@ -558,7 +558,6 @@ def test_pairs_distil_a_pair_task_whole_and_keep_the_cache_keys(tiny_dir, tmp_pa
     # a whole conversion on pairs (QQP's shipped sample)
     cfg = ConvertConfig(encoder=str(tiny_dir), n_features=4, tasks=("qqp",), max_length=24,
                         distill=_cfg(steps=2, refine_steps=2, refine_examples=9, pairs=True),
-                        eval_sentences=6,
-                        probe_tasks=())
+                        eval_sentences=6, probe_tasks=())
     res = convert_encoder(cfg, tmp_path / "pairs", log=lambda *_: None)
     assert res["config"]["distill"]["pairs"] is True and res["n_sentences"] == 12

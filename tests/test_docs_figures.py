@@ -202,9 +202,11 @@ def _minilm_quotes() -> list[tuple]:
     return out
 
 
-def _minilm_pair(doc: str, text: str, pair: str, task: str) -> list[tuple]:
-    """``mean [lo, hi]`` of a paired accuracy difference of the MiniLM report, task ``task``."""
-    return _paired(doc, MINI_MD, text, f"| {pair} | accuracy", after=f"## {task} (", fmt=S4)
+def _minilm_pair(doc: str, text: str, pair: str, task: str,
+                 metric: str = "accuracy") -> list[tuple]:
+    """``mean [lo, hi]`` of a paired difference (``metric``, its report label) of the MiniLM
+    report, task ``task``."""
+    return _paired(doc, MINI_MD, text, f"| {pair} | {metric}", after=f"## {task} (", fmt=S4)
 
 
 _MINILM_PAIRS = [  # (documents, text, pair, task)
@@ -237,11 +239,10 @@ for _docs, _text, _pair, _task in _MINILM_PAIRS:
 QUOTES.append((R, "0.876", js("minilm_finetune/sst2_full_softmax.json", "accuracy"), F3))
 QUOTES.append((R, "0.798", _minilm("none:vanilla", "accuracy"), F3))
 QUOTES.append((R, "0.773", _minilm("none:vanilla", "accuracy", "rotten_tomatoes"), F3))
-QUOTES += _paired(R, MINI_MD, "+0.0066 [+0.0016, +0.0116]", "| favor:teacher - favor:adam | Brier",
-                  after="## rotten_tomatoes (", fmt=S4)
-QUOTES += _paired(R, MINI_MD, "-0.0070 [-0.0134, -0.0006]",
-                  "| favor:teacher - favor:adam | corrupted acc", after="## rotten_tomatoes (",
-                  fmt=S4)
+QUOTES += _minilm_pair(R, "+0.0066 [+0.0016, +0.0116]", "favor:teacher - favor:adam",
+                       "rotten_tomatoes", "Brier")
+QUOTES += _minilm_pair(R, "-0.0070 [-0.0134, -0.0006]", "favor:teacher - favor:adam",
+                       "rotten_tomatoes", "corrupted acc")
 
 # numbers that are settings, not measurements
 PARAMETERS = {R: {"0.01", "0.1", "95%", "10%"}, ME: {"3.10"}}  # lambdas, a CI level, a
