@@ -561,3 +561,18 @@ def test_pairs_distil_a_pair_task_whole_and_keep_the_cache_keys(tiny_dir, tmp_pa
                         eval_sentences=6, probe_tasks=())
     res = convert_encoder(cfg, tmp_path / "pairs", log=lambda *_: None)
     assert res["config"]["distill"]["pairs"] is True and res["n_sentences"] == 12
+
+
+def test_embed_truncates_at_the_model_positions(tiny_dir):
+    """max_length is a truncation cap: a text longer than the model's positions (24 here) is
+    read up to them instead of failing in the forward pass, whatever max_length says."""
+    from coulomb_attention.convert import embed, position_cap
+
+    model, tok = _student(tiny_dir), load_pretrained_tokenizer(tiny_dir)
+    assert position_cap(model, 64) == 24 and position_cap(model, 16) == 16
+    long_text = " ".join(SENTENCES)  # about 50 tokens
+    assert int(tok.encode_batch([(long_text,)], max_length=64)[1].sum()) > 24
+    got = embed(model, tok, [long_text, "great"], max_length=64)
+    want = embed(model, tok, [long_text, "great"], max_length=24)
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got[0], embed(model, tok, [long_text], max_length=16)[0])

@@ -244,7 +244,9 @@ def embed(model, tokenizer, texts: Sequence, max_length: int = 64,
           batch_size: int = 64) -> torch.Tensor:
     """Sentence embeddings ``(n, D)`` (masked mean, L2-normalised) of ``texts`` (str or pairs).
 
-    Texts are processed sorted by length (less padding); the result is in input order."""
+    Texts are processed sorted by length (less padding); the result is in input order. Texts
+    are truncated at ``max_length`` tokens or the model's positions, whichever is fewer."""
+    max_length = position_cap(model, max_length)
     order = sorted(range(len(texts)), key=lambda i: len(str(texts[i])))
     out = [None] * len(texts)
     for start in range(0, len(order), batch_size):
@@ -436,6 +438,12 @@ def _load_progress(state_dir: Path, model, config: dict | None = None) -> dict[s
             "stages": prog.get("stages", {})}
 
 
+def position_cap(model, max_length: int) -> int:
+    """``max_length``, capped at the positions of ``model`` (a truncation length, never a
+    reason to refuse: a model with fewer positions reads its first ones)."""
+    return min(int(max_length), int(model.config.max_len))
+
+
 def _encode_texts(tok, texts, max_length):
     ids, mask = tok.encode_batch([t if isinstance(t, tuple) else (t,) for t in texts],
                                  max_length=max_length)[:2]
@@ -505,7 +513,7 @@ def convert_encoder(
     data = None  # the end-to-end stages' batches, shared by the refinement and the finishing
     trains = config.variant in ("particles", "hedgehog") and config.window_linear
     if trains:
-        ids, mask = _encode_texts(tok, sentences, config.max_length)
+        ids, mask = _encode_texts(tok, sentences, position_cap(model, config.max_length))
         dcfg = config.distill
         if config.variant == "hedgehog":
             dcfg = dataclasses.replace(dcfg, method="hedgehog")
