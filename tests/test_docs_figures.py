@@ -107,6 +107,8 @@ _CONVERT_ROWS = [(label, metric, text) for label, values in {
     "pure linear, particles on Hedgehog's map": ("0.9724", "0.7356"),
     "pure linear, Hedgehog (tied, Adam)": ("0.9691", "0.7640"),
     "pure linear, FAVOR+ particles": ("0.9634", "0.7614"),
+    "pure linear, softmax-feature particles": ("0.9731", "0.7518"),
+    "pure linear, PORF-softplus particles": ("0.9479", "0.5467"),
     "hybrid W=16": ("0.9921", "0.9188"),
     "window alone W=16": ("0.8462", "0.4605")}.items()
     for metric, text in zip(("sentences cos", "512-token docs cos"), values, strict=True)]
@@ -155,6 +157,8 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
                 "pure linear, Hedgehog (tied, Adam)", "sentences cos"),
     *_rows_pair(R, "+0.4583 [+0.4488, +0.4678]", "hybrid W=16", "window alone W=16",
                 "512-token docs cos"),
+    *_rows_pair(R, "+0.0007 [+0.0001, +0.0013]", "pure linear, softmax-feature particles",
+                "pure linear, particles on Hedgehog's map", "sentences cos"),
     (R, "0.76", md("convert/long_inputs/speed_w16.md", "| 512 | 32 |", cell=6), "{:.2f}"),
     # from-scratch classifiers
     *_paired(R, NONE, "+0.0119 [-0.0039, +0.0277]", "- SST-2", fmt=S4),

@@ -22,3 +22,12 @@ for d in runs/convert_cache/minilm-*-M64-s[0-4]-*; do
   coulomb-attention convert --evaluate --out $d --doc-lengths 256 512 --probe-tasks --data-dir $D --threads 1
 done
 coulomb-attention report docs/results/convert/long_inputs/rows.json --conversions
+# 2026-12-06: the paper's other maps. The conversions of `minilm compare --variants softmax_feat:teacher
+# porf_softplus:teacher` (softmax_feat seeds 0-4, porf_softplus seeds 0-2; the same configurations as
+# `convert --feature-map softmax_feat|porf_softplus --variant particles --seed S`) measured the same way,
+# their result.json copied to softmax_feat_particles_sS/, porf_softplus_particles_sS/; rows and pairs added
+# to rows.json, then the report above again
+for d in runs/convert_cache/minilm-softmax_feat-particles-M64-s[0-4]-* runs/convert_cache/minilm-porf_softplus-particles-M64-s[0-2]-*; do
+  coulomb-attention convert --evaluate --out $d --doc-lengths 256 512 --probe-tasks --data-dir $D --threads 1
+done
+coulomb-attention report docs/results/convert/long_inputs/rows.json --conversions
