@@ -186,7 +186,12 @@ _MINILM_TASKS = {"sst2": "### SST-2", "rotten_tomatoes": "### Rotten Tomatoes", 
 _MINILM_EXTRA = {"hedgehog:teacher": ("particles on Hedgehog's map (teacher)", ("sst2",)),
                  "favor:adam": ("FAVOR+ learned by plain Adam (ablation)",
                                 ("sst2", "rotten_tomatoes")),
-                 "favor:teacher_pairs": ("FAVOR+ learned, conversion on whole pairs", ("qqp",))}
+                 "favor:teacher_pairs": ("FAVOR+ learned, conversion on whole pairs", ("qqp",)),
+                 "porf_softplus:vanilla": ("PORF-softplus fixed", ("sst2",)),
+                 "porf_softplus:teacher": ("PORF-softplus learned (teacher)", ("sst2",)),
+                 "softmax_feat:vanilla": ("softmax features fixed", ("sst2",)),
+                 "softmax_feat:teacher": ("softmax features learned (teacher)", ("sst2",)),
+                 "favor:labels": ("FAVOR+ learned by label alignment", ("sst2",))}
 
 
 def _minilm_quotes() -> list[tuple]:
@@ -236,6 +241,14 @@ _MINILM_PAIRS = [  # (documents, text, pair, task)
     ((R,), "+0.0394 [+0.0261, +0.0527]", "favor:adam - favor:vanilla", "rotten_tomatoes"),
     ((R,), "-0.0637 [-0.0722, -0.0551]", "favor:teacher_pairs - softmax:vanilla", "qqp"),
     ((R,), "-0.0055 [-0.0152, +0.0042]", "favor:teacher_pairs - hedgehog:hedgehog", "qqp"),
+    ((R,), "+0.0378 [+0.0132, +0.0625]", "porf_softplus:teacher - porf_softplus:vanilla", "sst2"),
+    ((R,), "+0.0459 [+0.0356, +0.0561]", "softmax_feat:teacher - softmax_feat:vanilla", "sst2"),
+    ((R,), "-0.0080 [-0.0209, +0.0049]", "softmax_feat:teacher - softmax:vanilla", "sst2"),
+    ((R,), "-0.0021 [-0.0117, +0.0076]", "softmax_feat:teacher - hedgehog:hedgehog", "sst2"),
+    ((R,), "+0.0078 [-0.0026, +0.0182]", "softmax_feat:teacher - favor:teacher", "sst2"),
+    ((R,), "-0.0080 [-0.0109, -0.0052]", "porf_softplus:teacher - favor:teacher", "sst2"),
+    ((R,), "+0.0061 [-0.0220, +0.0342]", "favor:labels - favor:vanilla", "sst2"),
+    ((R,), "+0.0440 [+0.0057, +0.0822]", "favor:teacher - favor:labels", "sst2"),
 ]
 for _docs, _text, _pair, _task in _MINILM_PAIRS:
     for _doc in _docs:
@@ -247,6 +260,12 @@ QUOTES += _minilm_pair(R, "+0.0066 [+0.0016, +0.0116]", "favor:teacher - favor:a
                        "rotten_tomatoes", "Brier")
 QUOTES += _minilm_pair(R, "-0.0070 [-0.0134, -0.0006]", "favor:teacher - favor:adam",
                        "rotten_tomatoes", "corrupted acc")
+QUOTES += _minilm_pair(R, "-0.0377 [-0.0643, -0.0111]",
+                       "porf_softplus:teacher - porf_softplus:vanilla", "sst2", "Brier")
+QUOTES += _minilm_pair(R, "-0.0661 [-0.0895, -0.0427]",
+                       "softmax_feat:teacher - softmax_feat:vanilla", "sst2", "log-loss")
+QUOTES += _minilm_pair(R, "-0.0103 [-0.0167, -0.0038]", "softmax_feat:teacher - favor:teacher",
+                       "sst2", "Brier")
 
 # numbers that are settings, not measurements
 PARAMETERS = {R: {"0.01", "0.1", "95%", "10%"}, ME: {"3.10"}}  # lambdas, a CI level, a

@@ -49,6 +49,8 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("softmax_feat:teacher", "softmax_feat:vanilla"),
     ("porf_softplus:teacher", "favor:teacher"),  # which of the paper's maps converts best
     ("softmax_feat:teacher", "favor:teacher"),
+    ("softmax_feat:teacher", "softmax:vanilla"),
+    ("softmax_feat:teacher", "hedgehog:hedgehog"),
 )
 #: fewer seeds than this: intervals are shown, no verdict is drawn
 MIN_SEEDS_FOR_VERDICT = 3
