@@ -66,6 +66,7 @@ __all__ = [
     "evaluate_encoder",
     "held_out",
     "load_sentences",
+    "position_cap",
     "probe_metrics",
     "read_sentence_file",
     "time_forward",
