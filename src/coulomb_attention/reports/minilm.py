@@ -230,7 +230,9 @@ def _plot(task, s, path: Path) -> None:
             ("brier", "Brier (lower is better)"))
     variants = list(s["variants"])
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6 + 0.12 * len(variants)))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = plt.get_cmap("tab20").colors  # one colour per variant (up to 20)
+    # the seed count goes in the tick label: a legend would cover points
+    ticks = [f"{v} (n={s['variants'][v]['accuracy'][3]})" for v in variants]
     for ax, (key, title) in zip(axes, keys, strict=True):
         for i, v in enumerate(variants):
             mean, low, high, n = s["variants"][v][key]
@@ -238,13 +240,11 @@ def _plot(task, s, path: Path) -> None:
             if not math.isnan(mean):
                 lo = mean - max(low, 0.0) if n >= 2 and not math.isnan(low) else 0.0
                 hi = min(high, 1.0) - mean if n >= 2 and not math.isnan(high) else 0.0
-                ax.errorbar([i], [mean], yerr=[[lo], [hi]], fmt="s", color=c, capsize=4,
-                            label=f"{v} (n={n})")
+                ax.errorbar([i], [mean], yerr=[[lo], [hi]], fmt="s", color=c, capsize=4)
         ax.set_xticks(range(len(variants)))
-        ax.set_xticklabels(variants, rotation=60, ha="right", fontsize=7)
+        ax.set_xticklabels(ticks, rotation=60, ha="right", fontsize=7)
         ax.set_title(f"{task}: {title}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
