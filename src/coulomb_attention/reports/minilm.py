@@ -47,6 +47,8 @@ COMPARISONS: tuple[tuple[str, str], ...] = (
     ("favor:teacher", "favor:labels"),
     ("porf_softplus:teacher", "porf_softplus:vanilla"),
     ("softmax_feat:teacher", "softmax_feat:vanilla"),
+    ("softmax_feat:teacher", "softmax_feat:adam"),  # the particles vs plain Adam, this map
+    ("softmax_feat:adam", "softmax_feat:vanilla"),
     ("porf_softplus:teacher", "favor:teacher"),  # which of the paper's maps converts best
     ("softmax_feat:teacher", "favor:teacher"),
     ("softmax_feat:teacher", "softmax:vanilla"),
