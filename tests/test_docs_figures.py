@@ -191,6 +191,8 @@ _MINILM_EXTRA = {"hedgehog:teacher": ("particles on Hedgehog's map (teacher)", (
                  "porf_softplus:teacher": ("PORF-softplus learned (teacher)", ("sst2",)),
                  "softmax_feat:vanilla": ("softmax features fixed", _SST2_RT),
                  "softmax_feat:teacher": ("softmax features learned (teacher)", _SST2_RT),
+                 "softmax_feat:adam": ("softmax features learned by plain Adam (ablation)",
+                                       ("sst2",)),
                  "favor:labels": ("FAVOR+ learned by label alignment", ("sst2",))}
 
 
@@ -249,6 +251,8 @@ _MINILM_PAIRS = [  # (documents, text, pair, task)
     ((R,), "-0.0080 [-0.0109, -0.0052]", "porf_softplus:teacher - favor:teacher", "sst2"),
     ((R,), "+0.0061 [-0.0220, +0.0342]", "favor:labels - favor:vanilla", "sst2"),
     ((R,), "+0.0440 [+0.0057, +0.0822]", "favor:teacher - favor:labels", "sst2"),
+    ((R,), "-0.0046 [-0.0149, +0.0057]", "softmax_feat:teacher - softmax_feat:adam", "sst2"),
+    ((R,), "+0.0505 [+0.0362, +0.0647]", "softmax_feat:adam - softmax_feat:vanilla", "sst2"),
     ((R,), "+0.0241 [+0.0086, +0.0396]", "softmax_feat:teacher - softmax_feat:vanilla",
      "rotten_tomatoes"),
     ((R,), "-0.0109 [-0.0158, -0.0061]", "softmax_feat:teacher - softmax:vanilla",
