@@ -68,6 +68,7 @@ DEV = "ablation_mqar_device/summary.md"
 HARD = "ablation_mqar_hard_local/summary.md"
 REC = "recall/summary.md"
 ROWS = "convert/long_inputs/rows.summary.json"
+M_GRID = "convert/m_grid/rows.summary.json"
 MINI = "minilm_finetune/report.json"
 MINI_MD = "minilm_finetune/report.md"
 SUITE = "transformer_suite/report.md"
@@ -91,11 +92,13 @@ def _rows(label: str, metric: str) -> Callable[[], float]:
     return js(ROWS, "rows", label, "metrics", metric, "mean")
 
 
-def _rows_pair(doc: str, text: str, a: str, b: str, metric: str) -> list[tuple]:
-    """Three quotes for the paired difference ``a - b`` of ``metric`` written as ``text``."""
+def _rows_pair(doc: str, text: str, a: str, b: str, metric: str,
+               summary: str = ROWS) -> list[tuple]:
+    """Three quotes for the paired difference ``a - b`` of ``metric`` written as ``text``
+    (pairs of the conversion-rows summary ``summary``)."""
     def read(key: str) -> Callable[[], float]:
         def value() -> float:
-            pairs = json.loads((RESULTS / ROWS).read_text())["pairs"]
+            pairs = json.loads((RESULTS / summary).read_text())["pairs"]
             return float(next(p for p in pairs if (p["a"], p["b"], p["metric"]) == (a, b, metric))
                          [key])
         return value
@@ -155,6 +158,9 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
     *[(R, text, _rows(label, metric), F4) for label, metric, text in _CONVERT_ROWS],
     *_rows_pair(R, "+0.0033 [+0.0031, +0.0036]", "pure linear, particles on Hedgehog's map",
                 "pure linear, Hedgehog (tied, Adam)", "sentences cos"),
+    *[q for m, text in (("16", "+0.0069 [+0.0042, +0.0095]"), ("32", "+0.0054 [+0.0030, +0.0078]"))
+      for q in _rows_pair(R, text, f"M = {m}: particles on Hedgehog's map",
+                          f"M = {m}: Hedgehog (tied, Adam)", "sentences cos", summary=M_GRID)],
     *_rows_pair(R, "+0.4583 [+0.4488, +0.4678]", "hybrid W=16", "window alone W=16",
                 "512-token docs cos"),
     *_rows_pair(R, "+0.0007 [+0.0001, +0.0013]", "pure linear, softmax-feature particles",
