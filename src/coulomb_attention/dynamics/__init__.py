@@ -21,6 +21,7 @@ from .langevin import (
     projected_langevin,
 )
 from .projections import PROJECTIONS, Ball, Box, make_projection
+from .transport import cap_drift, transport_step
 from .weighted import (
     Reaction,
     ReactionNormalizer,
@@ -61,4 +62,6 @@ __all__ = [
     "make_projection",
     "make_schedule",
     "projected_langevin",
+    "cap_drift",
+    "transport_step",
 ]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .._validation import check_choice, check_positive
+from .transport import transport_step
 
 __all__ = [
     "LangevinState",
@@ -88,15 +89,9 @@ def projected_langevin(
                 f"non-finite energy or gradient at Langevin step {state.step} "
                 f"(energy={float(energy)}); lower eta, raise eps, or check the data"
             )
-        drift = -eta_ * n * grad
-        if max_drift is not None:
-            length = drift.norm(dim=1, keepdim=True)
-            drift = drift * (max_drift / length.clamp_min(max_drift))
-        proposal = omega + drift
-        if math.isfinite(beta_):
-            noise = torch.randn(omega.shape, generator=state.generator, dtype=omega.dtype)
-            proposal = proposal + math.sqrt(2.0 * eta_ / beta_) * noise
-        new_omega, on_boundary = projection(proposal)
+        new_omega, on_boundary = transport_step(omega, -eta_ * n * grad, projection, eta=eta_,
+                                                beta=beta_, generator=state.generator,
+                                                max_drift=max_drift)
         info = dict(info)
         info.update(
             step=state.step,

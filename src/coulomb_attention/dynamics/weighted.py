@@ -36,6 +36,7 @@ import torch
 
 from .._validation import check_nonnegative, check_positive
 from .langevin import NonFiniteEnergyError
+from .transport import transport_step
 
 __all__ = [
     "Reaction",
@@ -234,15 +235,10 @@ def weighted_langevin(
                 f"(energy={float(energy)}); lower eta or tau, raise eps, or check the data")
         # transport: the gradient of the first variation, grad_i H / w_i
         if transport:
-            drift = -eta_ * grad / w.unsqueeze(1)
-            if max_drift is not None:
-                length = drift.norm(dim=1, keepdim=True)
-                drift = drift * (max_drift / length.clamp_min(max_drift))
-            proposal = omega + drift
-            if math.isfinite(beta_):
-                noise = torch.randn(omega.shape, generator=state.generator, dtype=omega.dtype)
-                proposal = proposal + math.sqrt(2.0 * eta_ / beta_) * noise
-            new_omega, on_boundary = projection(proposal)
+            new_omega, on_boundary = transport_step(omega, -eta_ * grad / w.unsqueeze(1),
+                                                    projection, eta=eta_, beta=beta_,
+                                                    generator=state.generator,
+                                                    max_drift=max_drift)
         else:
             new_omega, on_boundary = projection(omega)
         # reaction: exponentiated-gradient step on the simplex
