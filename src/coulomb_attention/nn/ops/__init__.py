@@ -9,11 +9,18 @@
   and the unchunked linear order (short and medium sequences);
 - :mod:`.fused`: FAVOR+ in the linear order, fused and chunked (long sequences);
 - :mod:`.workspace`: the thread-local scratch buffers of the fused path;
-- :mod:`.causal`: causal linear attention and causal FAVOR+;
+- :mod:`.causal`: causal linear attention and causal FAVOR+, chunked and recurrent (a state
+  in and out, one-token steps, grouped queries);
 - :mod:`.window`: sliding-window softmax plus linear attention over the rest (the hybrid).
 """
 
-from .causal import causal_favor_attention, causal_linear_attention
+from .causal import (
+    LinearState,
+    causal_favor_attention,
+    causal_favor_step,
+    causal_linear_attention,
+    causal_linear_step,
+)
 from .checks import check_key_mask
 from .favor import (
     LINEAR_OVERHEAD,
@@ -29,7 +36,12 @@ from .favor import (
     use_blocked_inference,
 )
 from .linear import linear_attention
-from .reference import naive_favor_attention, naive_linear_attention, softmax_attention
+from .reference import (
+    naive_favor_attention,
+    naive_linear_attention,
+    naive_recurrent_attention,
+    softmax_attention,
+)
 from .window import naive_window_attention, window_attention, window_masks
 from .workspace import clear_workspace
 
@@ -38,8 +50,11 @@ __all__ = [
     "QUADRATIC_COST_RATIO",
     "UNCHUNKED_COST_RATIO",
     "UNCHUNKED_MAX_FEATURES",
+    "LinearState",
     "causal_favor_attention",
+    "causal_favor_step",
     "causal_linear_attention",
+    "causal_linear_step",
     "check_key_mask",
     "clear_workspace",
     "default_chunk_size",
@@ -50,6 +65,7 @@ __all__ = [
     "linear_is_unchunked",
     "naive_favor_attention",
     "naive_linear_attention",
+    "naive_recurrent_attention",
     "quadratic_is_cheaper",
     "softmax_attention",
     "use_blocked_inference",

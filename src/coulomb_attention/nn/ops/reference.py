@@ -4,6 +4,8 @@
   :func:`.linear.linear_attention` and, causal, :func:`.causal.causal_linear_attention`);
 - :func:`naive_favor_attention`: :func:`.favor.favor_features` + the above (twin of
   :func:`.favor.favor_attention` and :func:`.causal.causal_favor_attention`);
+- :func:`naive_recurrent_attention`: causal linear attention one token at a time, unshifted
+  (twin of the stateful causal ops and of their one-token steps, grouped queries included);
 - :func:`softmax_attention`: exact softmax attention, the reference FAVOR+ approximates.
 """
 
@@ -16,7 +18,8 @@ import torch
 from .checks import _TINY, _check_causal, _check_qkv, _compute_dtype, _no_autocast
 from .favor import favor_features
 
-__all__ = ["naive_linear_attention", "naive_favor_attention", "softmax_attention"]
+__all__ = ["naive_linear_attention", "naive_favor_attention", "naive_recurrent_attention",
+           "softmax_attention"]
 
 
 def naive_linear_attention(
@@ -113,3 +116,51 @@ def naive_favor_attention(
     pq = favor_features(q, omega, is_query=True)
     pk = favor_features(k, omega, is_query=False, key_mask=key_mask)
     return naive_linear_attention(pq, pk, v, key_mask, causal=causal)
+
+
+def naive_recurrent_attention(
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Causal linear attention as the recurrence itself, one token at a time, no shifts (the
+    twin of :func:`.causal.causal_linear_attention` / :func:`.causal.causal_favor_attention`
+    with a state, and of their steps; use float64).
+
+    ``S_t = S_{t-1} + phi_k[t] v_t^T``, ``z_t = z_{t-1} + phi_k[t]``,
+    ``out_t = phi_q[t] S_t / phi_q[t] . z_t`` (0 where the normaliser is 0).
+
+    Parameters
+    ----------
+    phi_q : torch.Tensor, shape (B, H, L, M)
+    phi_k : torch.Tensor, shape (B, Hk, L, M), ``Hk`` dividing ``H`` (query head ``h`` reads
+        key head ``h // (H / Hk)``)
+    v : torch.Tensor, shape (B, Hk, L, e)
+    initial_state : (S (B, Hk, M, e), z (B, Hk, M)), optional
+
+    Returns
+    -------
+    out : torch.Tensor, shape (B, H, L, e)
+    state : (S, z) after the last token
+    """
+    B, H, L, M = phi_q.shape
+    hk, e = phi_k.shape[1], v.shape[-1]
+    if H % hk or phi_k.shape != (B, hk, L, M) or v.shape[:3] != (B, hk, L):
+        raise ValueError(f"inconsistent shapes: phi_q {tuple(phi_q.shape)}, phi_k "
+                         f"{tuple(phi_k.shape)}, v {tuple(v.shape)}")
+    g = H // hk
+    if initial_state is None:
+        S = phi_q.new_zeros(B, hk, M, e)
+        z = phi_q.new_zeros(B, hk, M)
+    else:
+        S, z = (t.clone() for t in initial_state)
+    outs = []
+    for t in range(L):
+        S = S + phi_k[:, :, t, :, None] * v[:, :, t, None, :]
+        z = z + phi_k[:, :, t]
+        Sg, zg = S.repeat_interleave(g, 1), z.repeat_interleave(g, 1)  # (B, H, M, *)
+        num = (phi_q[:, :, t, :, None] * Sg).sum(-2)  # (B, H, e)
+        den = (phi_q[:, :, t] * zg).sum(-1, keepdim=True)  # (B, H, 1)
+        outs.append(torch.where(den > 0, num / den.clamp_min(_TINY), 0.0))
+    return torch.stack(outs, 2), (S, z)

@@ -1,0 +1,297 @@
+"""Causal sliding window + attention sinks + linear attention over the rest, chunked and
+recurrent (the decoder's hybrid: StreamingLLM's cache plus a linear state for what it drops).
+
+For query ``t`` with window ``W`` and ``S`` sinks, the keys split into the exact set
+``E(t) = [0, min(S, t+1)) U [max(S, t-W+1), t]`` (the first ``S`` tokens and the last ``W``)
+and the rest ``R(t) = [S, t-W]`` (the keys that left the window)::
+
+            gamma sum_{s in E(t)} exp(q_t . k_s) v_s  +  sum_{s in R(t)} phi(q_t) . phi(k_s) v_s
+    out_t = ---------------------------------------------------------------------------------
+            gamma sum_{s in E(t)} exp(q_t . k_s)      +  sum_{s in R(t)} phi(q_t) . phi(k_s)
+
+one shared denominator, ``gamma`` a weight per query head (LoLCATs eq. 7 with sinks). ``q``
+and ``k`` come scaled (``q . k`` is the softmax logit). With ``S = 0`` this is the causal
+hybrid of :mod:`.window`; ``linear=False`` drops the second sum (StreamingLLM).
+
+The rest is causal linear attention over *delayed* keys: the key at ``s`` enters at query
+``s + W`` (and never, for ``s < S``), so its running state (:mod:`.causal`'s scan, FAVOR+'s
+exact running max included) is the state of the keys that left the window. The decoding state
+(:class:`HybridState`) is that linear state, the ``S`` sink keys and values and a ring buffer
+of the last ``W``: its size does not depend on the context length.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from .causal import (
+    LinearState,
+    _check_gqa,
+    _check_state,
+    _grouped,
+    _scan,
+    _ungroup,
+    favor_scan,
+)
+from .checks import _TINY, _compute_dtype, _no_autocast
+
+__all__ = ["HybridState", "streaming_attention", "naive_streaming_attention"]
+
+
+class HybridState(NamedTuple):
+    """Decoding state of :func:`streaming_attention` after ``seen`` positions.
+
+    Attributes
+    ----------
+    linear : LinearState
+        The keys that left the window (not sinks).
+    sink_k, sink_v : torch.Tensor, shape (B, Hk, min(S, seen), d | e)
+    ring_k, ring_v : torch.Tensor, shape (B, Hk, W, d | e)
+        Keys and values at positions ``p >= S`` of the last ``W``, slot ``(p - S) mod W``
+        (slots not yet written are zero).
+    seen : int
+    """
+
+    linear: LinearState
+    sink_k: torch.Tensor
+    sink_v: torch.Tensor
+    ring_k: torch.Tensor
+    ring_v: torch.Tensor
+    seen: int
+
+    def nbytes(self) -> int:
+        """Bytes held by the state (constant once ``seen >= S``)."""
+        return self.linear.nbytes() + sum(
+            t.numel() * t.element_size()
+            for t in (self.sink_k, self.sink_v, self.ring_k, self.ring_v))
+
+
+def _check_args(window, sinks, gamma, heads):
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ValueError(f"window must be an integer > 0, got {window!r}")
+    if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+        raise ValueError(f"sinks must be an integer >= 0, got {sinks!r}")
+    if not isinstance(gamma, torch.Tensor) or tuple(gamma.shape) != (heads,):
+        got = tuple(gamma.shape) if isinstance(gamma, torch.Tensor) else type(gamma).__name__
+        raise ValueError(f"gamma must be a tensor of shape ({heads},), got {got}")
+
+
+def _linear_branch(q, k, v, linear, state, chunk):
+    """The rest term over the (already delayed, masked) keys: ``(n, log_row, new_state)``
+    with ``n`` (B, Hk, G, L, e + 1) in units ``exp(-log_row)`` (``log_row`` 0 for maps without
+    a shift). ``linear`` is ``("favor", omega)`` or ``("features", phi)`` with ``phi`` a
+    function of (B, *, L, d) -> (B, *, L, M); ``k``/``v`` carry the key mask as a tuple."""
+    k, key_mask = k
+    kind, arg = linear
+    dt = q.dtype
+    if kind == "favor":
+        return favor_scan(q, k, v, arg, key_mask, chunk_size=chunk, initial_state=state)
+    pq, pk = arg(q).to(dt), arg(k).to(dt)
+    B, hk, M, e = pk.shape[0], pk.shape[1], pk.shape[-1], v.shape[-1]
+    pk = pk * key_mask[:, None, :, None].to(dt)
+    kv = (v.new_zeros(B, hk, M, e + 1, dtype=dt) if state is None
+          else _check_state(state, B, hk, M, e, False, dt).kv)
+    gq, gk, v1 = _grouped(pq, pk, v, key_mask, dt)
+    n, _, kv, _ = _scan(gq, gk, v1, chunk, kv.unsqueeze(2))
+    return n, torch.zeros_like(n[..., :1]), LinearState(kv.squeeze(2), None)
+
+
+def _combine(logits, allowed, vals, n_lin, log_lin, gamma, linear_on):
+    """``out`` from the exact logits (B, Hk, G, L, K) over ``allowed`` keys with values
+    ``vals`` (B, Hk, 1, K, e) and the linear branch's ``n_lin`` in units ``exp(-log_lin)``:
+    one row shift ``r`` for both, so neither overflows. Returns (B, Hk, G, L, e)."""
+    logits = logits.masked_fill(~allowed, -math.inf)
+    m = logits.amax(-1, keepdim=True)  # finite: key t itself is always exact
+    r = m
+    if linear_on:
+        den_lin = n_lin[..., -1:]
+        lin_log = torch.where(den_lin > 0, log_lin + den_lin.clamp_min(_TINY).log(),
+                              torch.full_like(den_lin, -math.inf))
+        r = torch.maximum(m, lin_log)
+    r = r.detach()
+    p = torch.exp(logits - r)  # (B, Hk, G, L, K)
+    g = gamma.view(1, p.shape[1], p.shape[2], 1, 1).to(p.dtype)
+    num = g * (p @ vals)
+    den = g * p.sum(-1, keepdim=True)
+    if linear_on:
+        scale = torch.exp(log_lin - r)
+        num = num + n_lin[..., :-1] * scale
+        den = den + n_lin[..., -1:] * scale
+    return num / den.clamp_min(_TINY)
+
+
+def _delayed(k, v, window, sinks, start):
+    """Keys and values shifted by ``window`` positions (``k_del[t] = k[t - W]``), with the mask
+    of the positions whose delayed key is real and not a sink (``t - W >= S``)."""
+    B, hk, L, _ = k.shape
+    pad = min(window, L)
+    kd = torch.cat([k.new_zeros(B, hk, pad, k.shape[-1]), k[:, :, :L - pad]], 2)
+    vd = torch.cat([v.new_zeros(B, hk, pad, v.shape[-1]), v[:, :, :L - pad]], 2)
+    pos = torch.arange(start, start + L, device=k.device)
+    mask = (pos - window >= sinks)[None].expand(B, L)
+    return kd, vd, mask
+
+
+def _parallel(q, k, v, gamma, window, sinks, linear, chunk, linear_on):
+    """The chunked form from position 0: ``(out, state)``."""
+    B, H, L, _ = q.shape
+    hk, e = k.shape[1], v.shape[-1]
+    G = H // hk
+    if linear_on:
+        kd, vd, dmask = _delayed(k, v, window, sinks, 0)
+        n_lin, log_lin, lstate = _linear_branch(q, (kd, dmask), vd, linear, None, chunk)
+    outs = []
+    S = min(sinks, L)
+    qg = q.view(B, hk, G, L, -1)
+    for t0 in range(0, L, chunk):
+        t1 = min(t0 + chunk, L)
+        lo = max(S, t0 - window + 1)
+        kb = torch.cat([k[:, :, :S], k[:, :, lo:t1]], 2)  # (B, Hk, K, d)
+        vb = torch.cat([v[:, :, :S], v[:, :, lo:t1]], 2)
+        pos = torch.cat([torch.arange(S), torch.arange(lo, t1)]).to(q.device)  # (K,)
+        t = torch.arange(t0, t1, device=q.device)[:, None]
+        allowed = (pos[None] <= t) & ((pos[None] < sinks) | (pos[None] > t - window))
+        logits = qg[:, :, :, t0:t1] @ kb.unsqueeze(2).transpose(-1, -2)  # (B, Hk, G, c, K)
+        nl = n_lin[..., t0:t1, :] if linear_on else None
+        ll = log_lin[..., t0:t1, :] if linear_on else None
+        outs.append(_combine(logits, allowed, vb.unsqueeze(2), nl, ll, gamma, linear_on))
+    out = _ungroup(torch.cat(outs, -2))
+    if not linear_on:
+        lstate = None
+    ring_k = k.new_zeros(B, hk, window, k.shape[-1])
+    ring_v = v.new_zeros(B, hk, window, e)
+    for p in range(max(sinks, L - window), L):
+        ring_k[:, :, (p - sinks) % window] = k[:, :, p]
+        ring_v[:, :, (p - sinks) % window] = v[:, :, p]
+    return out, HybridState(lstate, k[:, :, :S], v[:, :, :S], ring_k, ring_v, L)
+
+
+def _step(q, k, v, gamma, window, sinks, linear, state, linear_on):
+    """One position (``L = 1``) after ``state``: ``(out, new_state)``."""
+    B, H, _, _ = q.shape
+    hk = k.shape[1]
+    G = H // hk
+    t = state.seen
+    ring_k, ring_v = state.ring_k.clone(), state.ring_v.clone()
+    lstate = state.linear
+    if t >= sinks:
+        slot = (t - sinks) % window
+        if linear_on:  # the key at t - W leaves the window (into the linear state) ...
+            real = t - window >= sinks
+            mask = torch.full((B, 1), real, dtype=torch.bool, device=q.device)
+            n_lin, log_lin, lstate = _linear_branch(
+                q, (ring_k[:, :, slot:slot + 1], mask), ring_v[:, :, slot:slot + 1], linear,
+                lstate, 1)
+        ring_k[:, :, slot], ring_v[:, :, slot] = k[:, :, 0], v[:, :, 0]  # ... and t enters
+        sink_k, sink_v = state.sink_k, state.sink_v
+    else:
+        if linear_on:  # no key leaves: the linear term is the state's
+            none = torch.zeros(B, 1, dtype=torch.bool, device=q.device)
+            n_lin, log_lin, lstate = _linear_branch(
+                q, (k, none), v, linear, lstate, 1)
+        sink_k = torch.cat([state.sink_k, k], 2)
+        sink_v = torch.cat([state.sink_v, v], 2)
+    n_ring = min(window, max(t - sinks + 1, 0))
+    kb = torch.cat([sink_k, ring_k[:, :, :n_ring]], 2)
+    vb = torch.cat([sink_v, ring_v[:, :, :n_ring]], 2)
+    logits = q.view(B, hk, G, 1, -1) @ kb.unsqueeze(2).transpose(-1, -2)  # (B, Hk, G, 1, K)
+    allowed = torch.ones_like(logits, dtype=torch.bool)
+    out = _combine(logits, allowed, vb.unsqueeze(2), n_lin if linear_on else None,
+                   log_lin if linear_on else None, gamma, linear_on)
+    return _ungroup(out), HybridState(lstate, sink_k, sink_v, ring_k, ring_v, t + 1)
+
+
+def streaming_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gamma: torch.Tensor,
+    window: int,
+    sinks: int = 0,
+    *,
+    omega: torch.Tensor | None = None,
+    phi=None,
+    linear: bool = True,
+    chunk_size: int = 128,
+    initial_state: HybridState | None = None,
+    output_final_state: bool = False,
+):
+    """The causal hybrid of the module docstring, from position 0 (chunked) or continuing a
+    state (token by token).
+
+    Parameters
+    ----------
+    q : torch.Tensor, shape (B, H, L, d), scaled (``q . k`` is the logit)
+    k : torch.Tensor, shape (B, Hk, L, d), ``Hk`` dividing ``H``
+    v : torch.Tensor, shape (B, Hk, L, e)
+    gamma : torch.Tensor, shape (H,)
+        Weight of the exact term per query head.
+    window, sinks : int
+        ``W > 0`` most recent tokens and ``S >= 0`` first tokens kept exact.
+    omega : torch.Tensor of shape (1 or Hk, M, d), optional
+        FAVOR+ particles (the rest term with the exact running max), or
+    phi : callable, optional
+        A feature map (B, *, L, d) -> (B, *, L, M) (non-negative), for the other maps.
+    linear : bool
+        ``False``: no rest term (StreamingLLM; ``omega``/``phi`` unused).
+    initial_state : HybridState, optional
+    output_final_state : bool
+
+    Returns
+    -------
+    torch.Tensor (B, H, L, e), dtype of ``v``; with ``output_final_state`` ``(out, state)``.
+    """
+    _check_gqa(q, k, v, None)
+    _check_args(window, sinks, gamma, q.shape[1])
+    if linear and (omega is None) == (phi is None):
+        raise ValueError("the hybrid's rest term needs exactly one of omega (FAVOR+) or phi")
+    if initial_state is not None and not isinstance(initial_state, HybridState):
+        raise TypeError(f"initial_state must be a HybridState, got "
+                        f"{type(initial_state).__name__}")
+    dt = _compute_dtype(v)
+    spec = None
+    if linear:
+        spec = ("favor", omega.to(dt)) if omega is not None else ("features", phi)
+    with _no_autocast(v):
+        q, k, vv, gamma = q.to(dt), k.to(dt), v.to(dt), gamma.to(dt)
+        if initial_state is None:
+            out, state = _parallel(q, k, vv, gamma, window, sinks, spec, chunk_size, linear)
+        else:
+            state, outs = initial_state, []
+            for t in range(q.shape[2]):
+                o, state = _step(q[:, :, t:t + 1], k[:, :, t:t + 1], vv[:, :, t:t + 1],
+                                 gamma, window, sinks, spec, state, linear)
+                outs.append(o)
+            out = torch.cat(outs, 2)
+    out = out.to(v.dtype)
+    return (out, state) if output_final_state else out
+
+
+def naive_streaming_attention(q, k, v, gamma, window, sinks=0, *, omega=None, phi=None,
+                              linear=True):
+    """The twin of :func:`streaming_attention` with ``L x L`` masks and unshifted features
+    (use float64; FAVOR+ features ``exp(u . w - |u|^2/2) / sqrt(M)``). Same arguments."""
+    from ...features import positive
+
+    B, H, L, _ = q.shape
+    hk = k.shape[1]
+    G = H // hk
+    kr, vr = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)  # (B, H, L, *)
+    t = torch.arange(L)[:, None]
+    s = torch.arange(L)[None, :]
+    exact = (s <= t) & ((s < sinks) | (s > t - window))
+    rest = (s <= t - window) & (s >= sinks)
+    a = torch.exp(q @ kr.transpose(-1, -2)) * exact * gamma.view(1, H, 1, 1)
+    if linear:
+        if omega is not None:
+            om = omega.repeat_interleave(G, 0) if omega.shape[0] > 1 else omega
+            f = lambda u: torch.stack([positive(u[:, h], om[h if om.shape[0] > 1 else 0])  # noqa: E731
+                                       for h in range(H)], 1)
+            pq, pk = f(q), f(kr)
+        else:
+            pq, pk = phi(q), phi(k).repeat_interleave(G, 1)
+        a = a + (pq @ pk.transpose(-1, -2)) * rest
+    return (a @ vr) / a.sum(-1, keepdim=True)
