@@ -20,7 +20,7 @@ PKG = "coulomb_attention"
 # Lowest first. A module may import from its own package (first name under coulomb_attention)
 # and from packages of a lower layer, never from its layer or above.
 LAYERS: list[set[str]] = [
-    {"__init__", "_validation", "config", "results", "stats", "metrics"},  # foundations
+    {"__init__", "_validation", "config", "names", "results", "stats", "metrics"},  # foundations
     {"features", "energy", "dynamics", "data"},  # the mathematics' pieces, the data
     {"estimators", "meanfield", "nn", "reports"},  # models, solvers, report renderers
     {"train"},  # the training pipeline
@@ -271,3 +271,192 @@ def test_every_allowed_exception_still_exists():
     optimisers, tests = _particle_motion_outside_dynamics(_sources())
     stale = (set(ALLOWED_OPTIMISERS) - set(optimisers)) | (set(ALLOWED_METHOD_TESTS) - set(tests))
     assert not stale, f"allow-list entries that no longer occur: {sorted(stale)}"
+
+
+# ------------------------------------------------------------------------ one home for names
+# A list of feature-map, attention, variant or method names lives in coulomb_attention.names
+# (issue 46): commands, studies, reports and the export import it. A module-level tuple, list,
+# set or dict (its keys) of string literals naming two or more of them anywhere else is a copy
+# that a new name would have to update, unless it is listed below with its reason.
+
+from coulomb_attention import names as _names  # noqa: E402
+
+#: the names the check looks for ("a:b" and "a-b" variant strings count by their parts)
+VOCABULARY = set().union(_names.MAP_NAMES, _names.ATTENTIONS, _names.ABLATION_VARIANTS,
+                         _names.FIT_METHODS, _names.SYNTHETIC_METHODS, _names.CONVERT_VARIANTS)
+
+#: (file or folder, assigned name) -> why this list is not a copy of the vocabulary
+ALLOWED_NAME_LISTS = {
+    ("export/configuration_coulomb_bert.py", "FEATURE_MAPS"): "the Hugging Face remote code "
+    "runs without this package; tests/test_names.py checks the copy against names",
+    ("nn/attention.py", "ATTENTION_FEATURES"): "the registry: each attention's feature map",
+    ("nn/ops/triton_linear.py", "FUSED_MAPS"): "the registry of the fused kernel's map ids",
+    ("dynamics/variants.py", "VARIANTS"): "the registry: each variant's ParticleConfig "
+    "overrides (tests/test_names.py checks it against names.ABLATION_VARIANTS)",
+    ("studies/ablation_convert.py", "VARIANTS"): "the conversion arena's plan: the variants "
+    "it runs, a selection",
+    ("studies/ablation_synthetic.py", "VARIANTS"): "the synthetic arena's plan: each "
+    "variant's settings",
+    ("studies/ablation_synthetic.py", "_ALLOWED"): "the synthetic arena's estimator params "
+    "per variant",
+    ("studies/ablation_synthetic.py", "_DEFAULTS"): "the synthetic arena's default params "
+    "per variant",
+    ("studies/minilm.py", "KERNELS"): "the MiniLM study's registry: a kernel's run config "
+    "overrides",
+    ("studies/synthetic.py", "FIXED_METHODS"): "the synthetic methods without a fit, a "
+    "selection of names.SYNTHETIC_METHODS",
+    ("estimators.py", "OPTIMIZERS"): "the estimator's own ``optimizer`` choices (its "
+    "scikit-learn parameter), a selection",
+    ("dynamics/driver.py", "ADAM_METHODS"): "the driver's dispatch: the methods that take "
+    "Adam's lr, a selection of names.LEARN_METHODS",
+    ("studies/ablation_mqar.py", "MAPS"): "the MQAR arena's plan: the maps it runs, a selection",
+    ("reports/ablation.py", "REFERENCES"): "the report's default references, a selection",
+    ("reports/minilm.py", "COMPARISONS"): "the report's paired comparisons, a selection",
+    ("reports/synthetic.py", "COLORS"): "a plot style per synthetic method",
+    ("convert", "VARIANTS"): "pending: the conversion package is being moved; its "
+    "ConvertConfig.variant list is to import names.CONVERT_VARIANTS (checked in "
+    "tests/test_names.py meanwhile)",
+    ("convert.py", "VARIANTS"): "pending, as convert/ (before the move)",
+    ("train/recall_teacher.py", "FIT_METHODS"): "pending: train/ is edited elsewhere; to "
+    "import names.RECALL_FIT_METHODS (checked in tests/test_names.py meanwhile)",
+}
+
+
+def _literal_names(node: ast.AST) -> list[str] | None:
+    """The strings of a literal tuple / list / set (nested ones too) or of a dict's keys;
+    None if ``node`` is no such literal."""
+    if isinstance(node, ast.Dict):
+        keys = node.keys
+    elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+        keys = node.elts
+    else:
+        return None
+    out = []
+    for k in keys:
+        if isinstance(k, ast.Constant) and isinstance(k.value, str):
+            out.append(k.value)
+        elif isinstance(k, ast.Tuple | ast.List):
+            out.extend(_literal_names(k) or [])
+    return out
+
+
+def _name_lists(sources: dict[str, str]) -> list[tuple[str, str]]:
+    """``(path, assigned name)`` of every module- or class-level literal list naming two or
+    more names of :data:`VOCABULARY`, outside names.py."""
+    found = []
+    for rel, source in sources.items():
+        if rel == "names.py":
+            continue
+        tree = ast.parse(source)
+        bodies = [tree.body] + [n.body for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        for node in (n for body in bodies for n in body):
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                target, value = node.targets[0].id, node.value
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                target, value = node.target.id, node.value
+            else:
+                continue
+            strings = _literal_names(value) if value is not None else None
+            if target == "__all__" or not strings:
+                continue
+            parts = {p for s in strings for p in s.replace(":", "-").split("-")} | set(strings)
+            if len(parts & VOCABULARY) >= 2:
+                found.append((rel, target))
+    return found
+
+
+def _allowed_name_list(rel: str, target: str) -> tuple[str, str] | None:
+    for place, name in ALLOWED_NAME_LISTS:
+        if name == target and (rel == place or rel.startswith(place + "/")):
+            return place, name
+    return None
+
+
+def test_name_lists_live_in_the_vocabulary():
+    bad = [f"{rel}: {target} (import it from coulomb_attention.names, or list it with its "
+           "reason)" for rel, target in _name_lists(_sources())
+           if _allowed_name_list(rel, target) is None]
+    assert not bad, "name lists outside coulomb_attention.names:\n" + "\n".join(bad)
+
+
+def test_every_allowed_name_list_still_exists():
+    used = {_allowed_name_list(rel, t) for rel, t in _name_lists(_sources())}
+    stale = set(ALLOWED_NAME_LISTS) - used
+    # the conversion module or its package, whichever exists now
+    stale -= {("convert.py", "VARIANTS")} if ("convert", "VARIANTS") in used else \
+        {("convert", "VARIANTS")}
+    assert not stale, f"allow-list entries that no longer occur: {sorted(stale)}"
+
+
+def test_the_name_list_check_catches_the_old_copies():
+    """Lines of the code before the vocabulary (commit 73701fd: ``git show
+    73701fd:src/coulomb_attention/commands/train.py`` and the others): each copy fails."""
+    old = {
+        "commands/train.py": 'ATTENTIONS = ("elu", "favor", "hedgehog", "none", '
+        '"porf_softplus", "softmax", "softmax_feat")\nOBJECTIVES = ("labels", "teacher")\n',
+        "commands/suite.py": 'VARIANT_NAMES = ("softmax-vanilla", "none-vanilla")\n',
+        "commands/minilm.py": 'VARIANT_NAMES = ("softmax:vanilla", "favor:vanilla")\n',
+        "export/hf.py": 'EXPORTABLE_MAPS = ("favor", "porf_softplus", "softmax_feat")\n',
+        "studies/suite.py": 'VARIANTS: tuple[tuple[str, str], ...] = (("softmax", "vanilla"),'
+        ' ("none", "vanilla"))\n',
+        "dynamics/config.py": 'class C:\n    FIT_METHODS = ("langevin", "weighted")\n',
+        "names.py": 'MAP_NAMES = ("rff", "favor")\n',
+        "commands/_args.py": '__all__ = ["favor", "elu"]\nKINDS = ("favor", "kernel")\n',
+    }
+    assert sorted(_name_lists(old)) == [
+        ("commands/minilm.py", "VARIANT_NAMES"), ("commands/suite.py", "VARIANT_NAMES"),
+        ("commands/train.py", "ATTENTIONS"), ("dynamics/config.py", "FIT_METHODS"),
+        ("export/hf.py", "EXPORTABLE_MAPS"), ("studies/suite.py", "VARIANTS")]
+
+
+# -------------------------------------------------------------------- one transport step
+# The move of the particles (drift, noise scaled by the temperature, projection) is written
+# once, in dynamics/transport.py (issue 46): a function that both draws Gaussian noise and
+# projects is a second transport step.
+
+
+def _transport_steps(sources: dict[str, str]) -> list[tuple[str, str]]:
+    """``(path, function)`` of every function in dynamics/ whose own body (nested functions
+    apart) both draws ``randn`` noise and calls a projection."""
+    found = []
+    for rel, source in sources.items():
+        if not rel.startswith("dynamics/"):
+            continue
+        for fn in ast.walk(ast.parse(source)):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            calls, stack = [], list(fn.body)
+            while stack:
+                node = stack.pop()
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                    continue
+                if isinstance(node, ast.Call):
+                    calls.append(ast.unparse(node.func))
+                stack.extend(ast.iter_child_nodes(node))
+            noise = any(c.split(".")[-1] in ("randn", "randn_like", "normal") for c in calls)
+            projects = any("project" in c.split(".")[-1] for c in calls)
+            if noise and projects:
+                found.append((rel, fn.name))
+    return found
+
+
+def test_one_transport_step():
+    assert _transport_steps(_sources()) == [("dynamics/transport.py", "transport_step")]
+
+
+def test_the_transport_check_catches_the_old_second_step():
+    """The step as both drivers wrote it before dynamics/transport.py (``git show
+    73701fd:src/coulomb_attention/dynamics/langevin.py``, ``.../weighted.py``)."""
+    step = ("def {name}(projection, eta, beta):\n"
+            "    def step_fn(state):\n"
+            "        proposal = state.omega + drift\n"
+            "        if math.isfinite(beta):\n"
+            "            noise = torch.randn(omega.shape, generator=state.generator)\n"
+            "            proposal = proposal + math.sqrt(2.0 * eta / beta) * noise\n"
+            "        new_omega, on_boundary = projection(proposal)\n"
+            "    return step_fn\n")
+    old = {"dynamics/langevin.py": step.format(name="projected_langevin"),
+           "dynamics/weighted.py": step.format(name="weighted_langevin"),
+           "meanfield/solver.py": step.format(name="elsewhere")}
+    assert sorted(_transport_steps(old)) == [("dynamics/langevin.py", "step_fn"),
+                                             ("dynamics/weighted.py", "step_fn")]

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 
+from ..names import CONVERT_VARIANTS as VARIANTS
+from ..names import LORA_OBJECTIVES
 from ._args import add_progress
 
-VARIANTS = ("vanilla", "particles", "hedgehog", "softmax")
-LORA_OBJECTIVES = ("embedding", "tokens", "layers")  # train.finish.OBJECTIVES
+# VARIANTS (ConvertConfig.variant) and LORA_OBJECTIVES (convert.finish.OBJECTIVES): the vocabulary
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")  # nn.lora.ALL_TARGETS
 #: flag (dest) -> ConvertConfig field
 CONVERT_FLAGS = {"encoder": "encoder", "feature_map": "feature_map", "n_features": "n_features",

@@ -23,6 +23,7 @@ import argparse
 from pathlib import Path
 
 from .._validation import check_positive
+from ..names import MINILM_VARIANTS
 from ._args import list_arg
 from .train import add_arguments as add_train_arguments
 from .train import add_common_arguments, build_config, setup_runtime
@@ -30,11 +31,8 @@ from .train import run as run_train
 
 __all__ = ["add_arguments", "run"]
 
-# for --help only (the study module imports the pipeline); tests check it against VARIANTS
-VARIANT_NAMES = ("softmax:vanilla", "favor:vanilla", "favor:teacher", "hedgehog:hedgehog",
-                 "hedgehog:teacher",
-                 "favor:labels", "porf_softplus:vanilla", "porf_softplus:teacher",
-                 "softmax_feat:vanilla", "softmax_feat:teacher")
+# for --help only (the study module imports the pipeline): the vocabulary's variants
+VARIANT_NAMES = tuple(f"{a}:{k}" for a, k in MINILM_VARIANTS)
 
 
 def _compare(args) -> int:

@@ -13,6 +13,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..names import RECALL_ATTENTIONS as ATTENTIONS
+from ..names import RECALL_FIT_METHODS as FIT_METHODS
+from ..names import RECALL_OBJECTIVES as OBJECTIVES
 from ..train.recall_levels import RECALL_LEVELS
 from ._args import add_progress, fill, list_arg, progress_mode
 
@@ -21,7 +24,6 @@ if TYPE_CHECKING:
 
 # torch and the library are imported in grid()/run(): --help stays fast
 
-ATTENTIONS = ("softmax", "favor", "porf_softplus", "softmax_feat", "elu", "none")
 N_FEATURES = (4, 8, 16, 32, 64, 128)
 
 LEVELS = RECALL_LEVELS  # the two difficulties (library: train.recall_levels)
@@ -30,8 +32,6 @@ QUICK = {"n_train": 4000, "n_eval": 300, "warmup_epochs": 2, "train": {"epochs":
 # the grid flags' defaults, and the smaller ones of --quick (a flag given wins over both)
 GRID = {"levels": list(LEVELS), "attentions": list(ATTENTIONS),
         "kernels": ["vanilla", "learned"], "n_features": list(N_FEATURES), "seeds": [0, 1, 2]}
-OBJECTIVES = ("token_pair", "teacher", "teacher_query", "indicator")
-FIT_METHODS = ("langevin", "adam", "hedgehog", "weighted")
 QUICK_GRID = {"levels": ["easy"], "attentions": ["softmax", "favor", "none"],
               "kernels": ["vanilla", "learned"], "n_features": [16], "seeds": [0]}
 

@@ -11,15 +11,14 @@ import argparse
 
 from .._validation import check_choice
 from ..data.registry import DATASETS
+from ..names import SUITE_VARIANTS
 from ._args import list_arg
 from .train import add_common_arguments, build_config, setup_runtime
 
 __all__ = ["add_arguments", "run", "run_suite"]
 
-# for --help only (the study module imports the pipeline); tests check it against VARIANTS
-VARIANT_NAMES = ("softmax-vanilla", "none-vanilla", "elu-vanilla", "favor-vanilla",
-                 "favor-learned", "porf_softplus-vanilla", "porf_softplus-learned",
-                 "softmax_feat-vanilla", "softmax_feat-learned")
+# for --help only (the study module imports the pipeline): the vocabulary's variants
+VARIANT_NAMES = tuple(f"{a}-{k}" for a, k in SUITE_VARIANTS)
 
 
 def run_suite(args: argparse.Namespace, log=print) -> list[dict]:

@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 
 from ..config import load_overrides, override
+from ..names import SYNTHETIC_METHODS as METHOD_NAMES
+from ..names import SYNTHETIC_TASKS as TASK_NAMES
 from ._args import list_arg
 
 __all__ = ["add_arguments", "resolve_config", "run"]
 
-# for --help only (the config validates against the study's own lists)
-TASK_NAMES = ("anisotropic", "xor", "checkerboard", "radial", "spectral")
-METHOD_NAMES = ("rff", "orf", "importance", "particles_lam0", "particles", "svm")
+# for --help: TASK_NAMES and METHOD_NAMES, the vocabulary's (the config validates them)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from .._validation import check_positive
 from ..config import load_overrides
 from ..data.registry import DATASETS
+from ..names import ATTENTIONS as _ATTENTIONS
+from ..names import TRAIN_OBJECTIVES as OBJECTIVES
 from ._args import add_progress, progress_mode
 
 if TYPE_CHECKING:  # torch and the pipeline are imported in run(): --help prints without them
@@ -26,9 +28,8 @@ if TYPE_CHECKING:  # torch and the pipeline are imported in run(): --help prints
 __all__ = ["COMMON_FLAGS", "DEFAULTS", "add_arguments", "add_common_arguments", "build_config",
            "run", "setup_runtime"]
 
-# for --help without importing the pipeline (tests/commands/test_help_and_args.py checks them)
-ATTENTIONS = ("elu", "favor", "hedgehog", "none", "porf_softplus", "softmax", "softmax_feat")
-OBJECTIVES = ("labels", "teacher")
+# for --help without importing the pipeline (the vocabulary, coulomb_attention.names)
+ATTENTIONS = tuple(sorted(_ATTENTIONS))
 
 # flag -> (config path, type, help)
 COMMON_FLAGS: dict[str, tuple[tuple[str, ...], type, str]] = {
@@ -151,22 +152,6 @@ def setup_runtime(args) -> Runtime:
     return init_distributed(progress=progress_mode(args) != "none")
 
 
-def conversion_for(config: RunConfig, args: argparse.Namespace, runtime: Runtime):
-    """Phase A of a pretrained encoder with the teacher objective: the cached conversion
-    directory (rank 0 converts, the other processes then reuse it); else None."""
-    from ..train.run import needs_conversion
-
-    if not needs_conversion(config):
-        return None
-    from ..convert import cached_conversion, conversion_of_run
-
-    with runtime.main_process_first():
-        return cached_conversion(conversion_of_run(config), args.convert_cache,
-                                 data_dir=args.data_dir,
-                                 progress=runtime.progress and runtime.is_main,
-                                 log=print if runtime.is_main else (lambda *_: None))
-
-
 def run(args: argparse.Namespace) -> int:
     from ..train.run import SAMPLE_WARNING
     from ..train.run import run as run_pipeline
@@ -179,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
                        f"s{config.seed}")
     try:
         metrics = run_pipeline(config, out, runtime, data_dir=args.data_dir,
-                               resume=args.resume, converted=conversion_for(config, args, runtime))
+                               resume=args.resume, convert_cache=args.convert_cache)
     finally:
         runtime.close()
     keys = ("accuracy", "mcc", "f1", "ece", "log_loss", "brier")

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from .._validation import check_choice, check_nonnegative, check_positive
+from ..names import FIT_METHODS
 from .driver import LangevinSchedule
 from .projections import make_projection
 from .weighted import Reaction
 
 __all__ = ["FIT_METHODS", "ParticleConfig"]
 
-# how a learner's particles move (:func:`~coulomb_attention.dynamics.fit.fit_particles`)
-FIT_METHODS = ("langevin", "weighted", "adam", "hedgehog")
+# FIT_METHODS: how a learner's particles move (dynamics.fit.fit_particles), the vocabulary's
 
 
 @dataclass(frozen=True)

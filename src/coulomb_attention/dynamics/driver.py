@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._validation import check_choice, check_positive
+from ..names import LEARN_METHODS as METHODS
 from .adam import projected_adam
 from .langevin import SCHEDULES, LangevinState, make_schedule, projected_langevin
 from .weighted import Reaction, ReactionNormalizer, weighted_langevin
@@ -36,7 +37,6 @@ from .weighted import Reaction, ReactionNormalizer, weighted_langevin
 __all__ = ["DriftNormalizer", "LangevinSchedule", "METHODS", "ParticleRun", "cycle",
            "learn_particles"]
 
-METHODS = ("langevin", "adam", "hedgehog")
 ADAM_METHODS = ("adam", "hedgehog")  # no noise, Adam's learning rate ``lr``
 
 

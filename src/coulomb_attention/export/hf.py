@@ -30,6 +30,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..names import ATTENTION_MAPS
 from ..nn.bert import KERNEL_KEY, check_vocabulary, resolve_checkpoint_dir
 
 __all__ = [
@@ -44,7 +45,7 @@ __all__ = [
 #: Feature maps the remote code implements: every attention map of the registry
 #: (:data:`coulomb_attention.features.MAPS`); exact ``softmax`` (the original model, export that
 #: instead) and ``none`` (a control) are refused.
-EXPORTABLE_MAPS = ("favor", "porf_softplus", "softmax_feat", "hedgehog", "elu")
+EXPORTABLE_MAPS = ATTENTION_MAPS
 #: Remote-code files copied into every export (from this package's folder).
 REMOTE_CODE = ("configuration_coulomb_bert.py", "modeling_coulomb_bert.py")
 _AUTO_MAP = {"AutoConfig": "configuration_coulomb_bert.CoulombBertConfig",

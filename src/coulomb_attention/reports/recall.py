@@ -8,13 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..names import NO_PARTICLES
 from ..results import atomic_write_text, read_jsonl
 from ..stats import paired_difference
 from . import pyplot
 
 __all__ = ["summarize", "write_report"]
-
-NO_PARTICLES = ("softmax", "elu", "none")
 
 
 def _key(r: dict) -> tuple[str, str]:

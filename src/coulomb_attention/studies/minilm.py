@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import to_dict
+from ..names import MINILM_VARIANTS
 from ..results import atomic_write_text, is_done
-from ..train.run import RESOLVED_KEYS, RunConfig, checkpoint_config, needs_conversion
+from ..train.run import RESOLVED_KEYS, RunConfig, checkpoint_config
 from ..train.run import run as run_pipeline
 
 __all__ = ["KERNELS", "VARIANTS", "compare", "parse_variant", "row_of", "table"]
@@ -56,18 +57,8 @@ KERNELS: dict[str, dict[str, Any]] = {
 ALIASES = {"softmax_align": "teacher", "learned": "labels"}
 
 #: the default comparison, in table order: the paper's variants of a pretrained encoder
-VARIANTS: tuple[tuple[str, str], ...] = (
-    ("softmax", "vanilla"),
-    ("favor", "vanilla"),
-    ("favor", "teacher"),
-    ("hedgehog", "hedgehog"),
-    ("hedgehog", "teacher"),
-    ("favor", "labels"),
-    ("porf_softplus", "vanilla"),
-    ("porf_softplus", "teacher"),
-    ("softmax_feat", "vanilla"),
-    ("softmax_feat", "teacher"),
-)
+#: (the vocabulary's, :data:`coulomb_attention.names.MINILM_VARIANTS`)
+VARIANTS: tuple[tuple[str, str], ...] = MINILM_VARIANTS
 _KEYS = ("accuracy", "mcc", "f1", "ece", "log_loss", "brier")
 
 
@@ -133,8 +124,6 @@ def compare(tasks: Sequence[str], variants: Sequence[tuple[str, str]],
     config file and flags over ``base`` (task, seed and :func:`parse_variant`'s overrides).
     The teacher and hedgehog variants convert (once per map, M and seed, in
     ``convert_cache``, default ``OUT/convert_cache``) before they fine-tune."""
-    from ..convert import cached_conversion, conversion_of_run
-
     out = Path(out)
     cache = Path(convert_cache) if convert_cache is not None else out / "convert_cache"
     rows: list[dict] = []
@@ -149,14 +138,8 @@ def compare(tasks: Sequence[str], variants: Sequence[tuple[str, str]],
                     m = json.loads((run_dir / "metrics.json").read_text())
                     log(f"[{task}/{attention}:{kernel}/s{cfg.seed}] reused {run_dir}")
                 else:
-                    converted = None
-                    if needs_conversion(cfg):
-                        with runtime.main_process_first():
-                            converted = cached_conversion(
-                                conversion_of_run(cfg), cache, data_dir=data_dir,
-                                log=log if runtime.is_main else (lambda *_: None))
                     m = run_pipeline(cfg, run_dir, runtime, data_dir=data_dir, resume="auto",
-                                     converted=converted, log=log)
+                                     convert_cache=cache, log=log)
                 rows.append(row_of(task, f"{attention}:{kernel}", m))
                 if runtime.is_main:
                     _write_rows(out, rows)

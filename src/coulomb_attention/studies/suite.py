@@ -21,26 +21,17 @@ from pathlib import Path
 
 from .._validation import check_choice
 from ..config import to_dict
+from ..names import SUITE_VARIANTS
 from ..results import atomic_write_json, is_done
 from ..train.run import RESOLVED_KEYS, RunConfig, checkpoint_config
 from ..train.run import run as run_pipeline
 
 __all__ = ["VARIANTS", "parse_variants", "run_dir", "run_suite"]
 
-# (attention, kernel): the three particle maps with fixed and learned features, the two
-# references without particles, and the no-mixing control (``none``: the report's attention
-# contribution, softmax minus none, says whether a task can rank kernels at all).
-VARIANTS: tuple[tuple[str, str], ...] = (
-    ("softmax", "vanilla"),
-    ("none", "vanilla"),
-    ("elu", "vanilla"),
-    ("favor", "vanilla"),
-    ("favor", "learned"),
-    ("porf_softplus", "vanilla"),
-    ("porf_softplus", "learned"),
-    ("softmax_feat", "vanilla"),
-    ("softmax_feat", "learned"),
-)
+# (attention, kernel): the vocabulary's (:data:`coulomb_attention.names.SUITE_VARIANTS`: the
+# three particle maps with fixed and learned features, the two references without particles,
+# and the no-mixing control)
+VARIANTS: tuple[tuple[str, str], ...] = SUITE_VARIANTS
 
 
 def run_dir(results: str | Path, task: str, attention: str, kernel: str, seed: int) -> Path:

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..config import to_dict
 from ..data.synthetic import TASKS, make_task, spectral_hit_fraction
+from ..names import SYNTHETIC_METHODS
 from ..results import append_jsonl, atomic_write_text, read_jsonl
 
 __all__ = [
@@ -66,7 +67,7 @@ __all__ = [
     "particle_diagnostic",
 ]
 
-METHODS: tuple[str, ...] = ("rff", "orf", "importance", "particles_lam0", "particles", "svm")
+METHODS: tuple[str, ...] = SYNTHETIC_METHODS
 RF_METHODS: tuple[str, ...] = METHODS[:-1]
 FIXED_METHODS: tuple[str, ...] = ("rff", "orf")
 

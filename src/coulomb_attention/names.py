@@ -1,0 +1,104 @@
+"""The package's one vocabulary of names: feature maps, attentions, variants, methods and
+objectives, as plain string tuples (no torch, no imports), so that commands print ``--help``
+without the library and studies, reports and the export read one list instead of a copy.
+
+The registries that give the names their meaning stay where the behaviour is
+(:data:`coulomb_attention.features.MAPS`, :data:`coulomb_attention.nn.attention.ATTENTION_FEATURES`,
+:data:`coulomb_attention.dynamics.variants.VARIANTS`, ...); ``tests/test_names.py`` checks that
+every tuple here agrees with its registry, and ``tests/test_architecture.py`` fails on a list
+of these names written anywhere else. The only other copy is the Hugging Face remote code
+(``export/configuration_coulomb_bert.py``), which must run without this package.
+
+A new feature map: its entry in :data:`coulomb_attention.features.MAPS` (with its name in
+:data:`MAP_NAMES` here), its kernel if it has one, its test.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ABLATION_VARIANTS",
+    "ATTENTIONS",
+    "ATTENTION_MAPS",
+    "CONVERT_VARIANTS",
+    "FIT_METHODS",
+    "LEARN_METHODS",
+    "LORA_OBJECTIVES",
+    "MAP_NAMES",
+    "MINILM_VARIANTS",
+    "NO_PARTICLES",
+    "RECALL_ATTENTIONS",
+    "RECALL_FIT_METHODS",
+    "RECALL_OBJECTIVES",
+    "SUITE_VARIANTS",
+    "SYNTHETIC_METHODS",
+    "SYNTHETIC_TASKS",
+    "TRAIN_OBJECTIVES",
+]
+
+# ------------------------------------------------------------------------------ feature maps
+#: every feature map, in the order of :data:`coulomb_attention.features.MAPS`
+MAP_NAMES: tuple[str, ...] = ("rff", "favor", "porf_softplus", "softmax_feat", "hedgehog", "elu")
+#: the maps an attention layer takes (all but the classifier-only ``rff``); the exportable ones
+ATTENTION_MAPS: tuple[str, ...] = tuple(m for m in MAP_NAMES if m != "rff")
+#: :data:`coulomb_attention.nn.attention.ATTENTION_FEATURES`: the maps, exact softmax and the
+#: no-mixing control
+ATTENTIONS: tuple[str, ...] = (*ATTENTION_MAPS, "softmax", "none")
+#: attentions without particles (no omega: M does not apply), in the recall report's order
+NO_PARTICLES: tuple[str, ...] = ("softmax", "elu", "none")
+#: the recall grid's attentions (Hedgehog's map is a fit method there, not an attention)
+RECALL_ATTENTIONS: tuple[str, ...] = (
+    "softmax", *(m for m in ATTENTION_MAPS if m != "hedgehog"), "none")
+
+# ---------------------------------------------------------------------- methods and variants
+#: ``ParticleConfig.method``: how particles move (dynamics.fit_particles)
+FIT_METHODS: tuple[str, ...] = ("langevin", "weighted", "adam", "hedgehog")
+#: the methods of the unweighted driver (:func:`coulomb_attention.dynamics.learn_particles`)
+LEARN_METHODS: tuple[str, ...] = tuple(m for m in FIT_METHODS if m != "weighted")
+#: the recall teacher route's ``--fit-method`` choices, in its order
+RECALL_FIT_METHODS: tuple[str, ...] = (*LEARN_METHODS, "weighted")
+#: the ablation's variants (:data:`coulomb_attention.dynamics.variants.VARIANTS`), in the
+#: order the studies plan them and the report shows them
+ABLATION_VARIANTS: tuple[str, ...] = ("fixed", "gradient", "langevin", "coulomb", "weighted",
+                                      "importance", "hedgehog", "end2end")
+#: a converted checkpoint's variant (``ConvertConfig.variant``)
+CONVERT_VARIANTS: tuple[str, ...] = ("vanilla", "particles", "hedgehog", "softmax")
+#: the synthetic study's methods (estimators and the SVM), in plan order
+SYNTHETIC_METHODS: tuple[str, ...] = ("rff", "orf", "importance", "particles_lam0",
+                                      "particles", "svm")
+#: the synthetic task families (:data:`coulomb_attention.data.synthetic.TASKS`)
+SYNTHETIC_TASKS: tuple[str, ...] = ("anisotropic", "xor", "checkerboard", "radial", "spectral")
+#: the suite's default (attention, kernel) variants, in table order: the three particle maps
+#: with fixed and learned features, the two references without particles, and the no-mixing
+#: control (``none``: softmax minus none says whether a task can rank kernels at all)
+SUITE_VARIANTS: tuple[tuple[str, str], ...] = (
+    ("softmax", "vanilla"),
+    ("none", "vanilla"),
+    ("elu", "vanilla"),
+    ("favor", "vanilla"),
+    ("favor", "learned"),
+    ("porf_softplus", "vanilla"),
+    ("porf_softplus", "learned"),
+    ("softmax_feat", "vanilla"),
+    ("softmax_feat", "learned"),
+)
+#: the MiniLM study's default (attention, kernel) comparison, in table order
+MINILM_VARIANTS: tuple[tuple[str, str], ...] = (
+    ("softmax", "vanilla"),
+    ("favor", "vanilla"),
+    ("favor", "teacher"),
+    ("hedgehog", "hedgehog"),
+    ("hedgehog", "teacher"),
+    ("favor", "labels"),
+    ("porf_softplus", "vanilla"),
+    ("porf_softplus", "teacher"),
+    ("softmax_feat", "vanilla"),
+    ("softmax_feat", "teacher"),
+)
+
+# -------------------------------------------------------------------------------- objectives
+#: ``RunConfig.objective``: phase A of a learned kernel
+TRAIN_OBJECTIVES: tuple[str, ...] = ("labels", "teacher")
+#: ``RecallRunConfig.objective``: label-free token pairs or the teacher route's objectives
+RECALL_OBJECTIVES: tuple[str, ...] = ("token_pair", "teacher", "teacher_query", "indicator")
+#: ``FinishConfig.objective``: the low-rank finishing's auxiliary targets
+LORA_OBJECTIVES: tuple[str, ...] = ("embedding", "tokens", "layers")
