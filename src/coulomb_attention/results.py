@@ -34,6 +34,7 @@ __all__ = [
     "current_umask",
     "is_done",
     "read_jsonl",
+    "run_key",
     "save_tensors",
 ]
 
@@ -164,6 +165,18 @@ def read_jsonl(path: str | os.PathLike, repair: bool = False) -> list[dict]:
             except json.JSONDecodeError:
                 print(f"warning: skipping a malformed line in {path}", file=sys.stderr)
     return rows
+
+
+def run_key(record: dict, fields: tuple[str, ...] | None = None) -> str:
+    """A run's resume key: its identifying ``fields`` of ``record`` (all of them when None) as
+    one JSON string with sorted keys (``json.dumps(..., sort_keys=True)``, default separators).
+
+    The one key scheme of the studies' result files (the ablation's records, the recall grid,
+    the synthetic study's config hash): a record and the spec or config it ran carry the same
+    key. Keys already written to result files rely on this exact string: do not change it.
+    """
+    key = dict(record) if fields is None else {k: record[k] for k in fields}
+    return json.dumps(key, sort_keys=True)
 
 
 def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:

@@ -22,7 +22,6 @@ parameter (e.g. add ``coulomb`` for ``weighted - coulomb``).
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..dynamics.variants import VARIANTS as _VOCABULARY
-from ..results import atomic_write_text, read_jsonl
+from ..results import atomic_write_text, read_jsonl, run_key
 from ..stats import mean_interval, paired_difference
 from . import pyplot
 
@@ -78,7 +77,7 @@ def record_key(record: dict[str, Any]) -> str:
     as one JSON string (the study's resume key, one home)."""
     key = {k: record[k] for k in SPEC_KEYS}
     key["M"], key["seed"] = int(key["M"]), int(key["seed"])
-    return json.dumps(key, sort_keys=True)
+    return run_key(key)
 
 
 def pool_records(paths: Sequence[str | Path]) -> list[dict[str, Any]]:

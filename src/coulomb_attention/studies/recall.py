@@ -11,7 +11,6 @@ softmax teachers of the teacher route are cached in ``OUT/teachers``.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import to_dict
 from ..results import append_jsonl, read_jsonl
+from ..results import run_key as results_run_key
 
 if TYPE_CHECKING:
     from ..train.recall import RecallRunConfig
@@ -48,7 +48,7 @@ def run_key(config: dict[str, Any]) -> str:
     if config.get("init", "warmup") == "warmup" and \
             config.get("objective", "token_pair") == "token_pair":
         config = {k: v for k, v in config.items() if k not in ROUTE_FIELDS}
-    return json.dumps(config, sort_keys=True)
+    return results_run_key(config)
 
 
 def run_grid(runs: Sequence[tuple[str, RecallRunConfig]], out: str | Path,

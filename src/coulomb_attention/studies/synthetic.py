@@ -47,7 +47,7 @@ import numpy as np
 from ..config import to_dict
 from ..data.synthetic import TASKS, make_task, spectral_hit_fraction
 from ..names import SYNTHETIC_METHODS
-from ..results import append_jsonl, atomic_write_text, read_jsonl
+from ..results import append_jsonl, atomic_write_text, read_jsonl, run_key
 
 __all__ = [
     "METHODS",
@@ -201,7 +201,7 @@ def config_hash(cfg: SyntheticConfig) -> str:
     for k in ("tasks", "noise_levels", "budgets", "methods", "seeds", "diagnostic_budget"):
         d.pop(k)
     d["estimator_defaults"] = estimator_defaults()
-    return hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+    return hashlib.sha1(run_key(d).encode()).hexdigest()[:12]
 
 
 def method_kwargs(cfg: SyntheticConfig, method: str) -> dict:
