@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -35,8 +36,35 @@ from .._validation import check_choice, check_positive, torch_generator
 from . import functional as AF
 from .dispatch import fused_attend
 
-__all__ = ["ATTENTION_FEATURES", "HEDGEHOG", "AttentionFeature", "KernelAttention",
-           "trainable_omega", "use_hedgehog_map_"]
+__all__ = ["ATTENTION_FEATURES", "HEDGEHOG", "AttentionFeature", "DecodeState", "KVCache",
+           "KernelAttention", "trainable_omega", "use_hedgehog_map_"]
+
+
+class KVCache(NamedTuple):
+    """Exact softmax attention's decoding state: every key and value so far,
+    ``(B, Hk, seen, dh)`` each (it grows with the context: the row linear attention removes)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+class DecodeState(NamedTuple):
+    """A causal :class:`KernelAttention`'s state after ``position`` tokens.
+
+    ``inner`` is the op's state: :class:`.ops.causal.LinearState` (linear maps: a constant
+    size), :class:`.ops.streaming.HybridState` (window + sinks + linear rest: constant once the
+    window is full), :class:`KVCache` (exact softmax: grows) or ``None`` (``none``)."""
+
+    position: int
+    inner: object
+
+    def nbytes(self) -> int:
+        """Bytes held by the state."""
+        return 0 if self.inner is None else int(self.inner.nbytes())
+
 
 
 #: One entry of :data:`ATTENTION_FEATURES`: the feature-map registry's entry
@@ -95,7 +123,16 @@ class KernelAttention(nn.Module):
     causal : bool
         Position t attends to positions s <= t only (prefix sums, still linear in L:
         :func:`.functional.causal_linear_attention`, :func:`.functional.causal_favor_attention`;
-        exact ``softmax`` masks the future).
+        exact ``softmax`` masks the future). A causal layer decodes with a state
+        (``forward(..., state=, output_state=True)``, :meth:`step`).
+    kv_heads : int, optional
+        Key/value heads (grouped-query attention; default ``heads``): query head ``h`` reads
+        key/value head ``h // (heads / kv_heads)``, and with ``share_features=False`` the
+        particles are one set per key/value group, shared by the group's queries.
+    position : callable, optional
+        ``position(u, start) -> u``, applied to the projected, head-split queries and keys
+        ``(B, H|Hk, T, dh)`` at absolute positions ``start .. start + T - 1`` before the scale
+        and the feature map (rotary embeddings); an ``nn.Module`` is registered as a child.
 
     Attributes
     ----------
@@ -122,12 +159,23 @@ class KernelAttention(nn.Module):
         sampler: str | None = None,
         chunk_size: int | None = None,
         causal: bool = False,
+        kv_heads: int | None = None,
+        position: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         dim = check_positive("dim", dim, integer=True)
         heads = check_positive("heads", heads, integer=True)
         if dim % heads:
             raise ValueError(f"dim={dim} is not divisible by heads={heads}")
+        kv_heads = heads if kv_heads is None else check_positive("kv_heads", kv_heads,
+                                                                 integer=True)
+        if heads % kv_heads:
+            raise ValueError(f"heads={heads} is not divisible by kv_heads={kv_heads}")
+        if tie_qk and kv_heads != heads:
+            raise ValueError("tie_qk needs as many key heads as query heads (kv_heads=heads)")
+        if position is not None and not callable(position):
+            raise TypeError(f"position must be callable (u, start) -> u, got "
+                            f"{type(position).__name__}")
         self.spec = ATTENTION_FEATURES[check_choice("feature_map", feature_map,
                                                     ATTENTION_FEATURES)]
         n_features = check_positive("n_features", n_features, integer=True)
@@ -143,6 +191,8 @@ class KernelAttention(nn.Module):
         if chunk_size is not None:
             chunk_size = check_positive("chunk_size", chunk_size, integer=True)
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.kv_heads = kv_heads
+        self.position = position
         self.feature_map = feature_map
         self.n_features = n_features if self.spec.has_features else 0
         self.tie_qk = bool(tie_qk)
@@ -153,15 +203,17 @@ class KernelAttention(nn.Module):
             raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
         self.causal = causal
 
+        kv_dim = kv_heads * self.head_dim
         self.q_proj = nn.Linear(dim, dim, bias=bias)
-        self.k_proj = self.q_proj if self.tie_qk else nn.Linear(dim, dim, bias=bias)
-        self.v_proj = nn.Linear(dim, dim, bias=bias)
+        self.k_proj = self.q_proj if self.tie_qk else nn.Linear(dim, kv_dim, bias=bias)
+        self.v_proj = nn.Linear(dim, kv_dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
         self.dropout = nn.Dropout(dropout)
-        groups = 1 if self.share_features else heads
+        groups = 1 if self.share_features else kv_heads
         self.register_buffer("omega", torch.zeros(groups, self.n_features, self.head_dim))
         self.register_buffer("mass", None)  # (G, M) masses of weighted particles, or None
         self.window, self.window_linear = 0, True  # the sliding-window hybrid: set_window_
+        self.sinks = 0  # exact first tokens of the causal hybrid (set_window_)
         self.register_buffer("window_logit", None)  # (H,) logit of the window weight, or None
         if self.has_features:
             self.redraw_(generator)
@@ -296,21 +348,28 @@ class KernelAttention(nn.Module):
     WINDOW_LOGIT_INIT = -2.2
 
     @torch.no_grad()
-    def set_window_(self, window: int | None, linear: bool = True) -> KernelAttention:
+    def set_window_(self, window: int | None, linear: bool = True,
+                    sinks: int = 0) -> KernelAttention:
         """Make the layer the sliding-window hybrid (:mod:`.ops.window`, LoLCATs eq. 7):
         softmax over the ``window`` nearest keys (encoder: ``window/2`` on each side, even;
         causal: the ``window`` most recent) plus this layer's linear term over the rest, one
         shared denominator, the window weighted per head by ``sigmoid(window_logit)`` (a
         buffer (H,), started at :data:`WINDOW_LOGIT_INIT`; a layer that already has a window
         keeps its logits). ``linear=False``: the window alone (the ablation of the linear
-        branch). ``None`` removes the window (the plain layer). Returns ``self``."""
+        branch). ``sinks`` (causal layers): the first ``sinks`` tokens are kept exact too
+        (StreamingLLM's attention sinks; :mod:`.ops.streaming`). ``None`` removes the window
+        (the plain layer). Returns ``self``."""
         if window is None:
-            self.window, self.window_linear, self.window_logit = 0, True, None
+            self.window, self.window_linear, self.window_logit, self.sinks = 0, True, None, 0
             return self
         if isinstance(window, bool) or not isinstance(window, int):
             raise ValueError(f"window must be an integer > 0, got {window!r}")
         if window <= 0:
             raise ValueError(f"window must be > 0, got {window}")
+        if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+            raise ValueError(f"sinks must be an integer >= 0, got {sinks!r}")
+        if sinks and not self.causal:
+            raise ValueError("attention sinks need a causal layer (causal=True)")
         if not self.causal and window % 2:
             raise ValueError(f"window must be even for an encoder (window/2 tokens on each "
                              f"side), got {window}")
@@ -318,7 +377,7 @@ class KernelAttention(nn.Module):
             raise ValueError(f"attention {self.feature_map!r} has no linear term for a window")
         if linear and self.mass is not None:
             raise ValueError("the window hybrid takes unweighted particles (no masses)")
-        self.window, self.window_linear = window, bool(linear)
+        self.window, self.window_linear, self.sinks = window, bool(linear), sinks
         if self.window_logit is None:
             self.window_logit = torch.full((self.heads,), self.WINDOW_LOGIT_INIT,
                                            dtype=self.omega.dtype, device=self.omega.device)
@@ -339,7 +398,7 @@ class KernelAttention(nn.Module):
         pq = pk = lq = lk = None
         if self.window_linear and self.feature_map == "favor":
             dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-            q, k, om = q.to(dt), k.to(dt), self.omega.to(dt)
+            q, k, om = q.to(dt), k.to(dt), self._omega_for(q.shape[1]).to(dt)
 
             def logf(u):
                 if om.shape[0] == 1:
@@ -362,18 +421,40 @@ class KernelAttention(nn.Module):
     # ------------------------------------------------------------------ pieces
 
     def _split(self, t: torch.Tensor) -> torch.Tensor:
-        B, T, _ = t.shape
-        return t.view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, dh)
+        B, T, D = t.shape
+        return t.view(B, T, D // self.head_dim, self.head_dim).transpose(1, 2)  # (B, H, T, dh)
 
-    def queries(self, x: torch.Tensor) -> torch.Tensor:
-        """Projected, head-split queries scaled by ``head_dim**-0.25``: ``(B, H, T, dh)``."""
-        self._check_x(x)
-        return self._split(self.q_proj(x)) * self.head_dim**-0.25
+    def _place(self, u: torch.Tensor, start: int) -> torch.Tensor:
+        """The position hook (if any), then the scale ``head_dim**-0.25``."""
+        if self.position is not None:
+            u = self.position(u, start)
+        return u * self.head_dim**-0.25
 
-    def keys(self, x: torch.Tensor) -> torch.Tensor:
-        """Projected, head-split keys scaled by ``head_dim**-0.25``: ``(B, H, T, dh)``."""
+    def queries(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Projected, head-split queries at positions ``start ..`` (the position hook applied)
+        scaled by ``head_dim**-0.25``: ``(B, H, T, dh)``."""
         self._check_x(x)
-        return self._split(self.k_proj(x)) * self.head_dim**-0.25
+        return self._place(self._split(self.q_proj(x)), start)
+
+    def keys(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Projected, head-split keys as :meth:`queries`: ``(B, kv_heads, T, dh)``."""
+        self._check_x(x)
+        return self._place(self._split(self.k_proj(x)), start)
+
+    def values(self, x: torch.Tensor) -> torch.Tensor:
+        """Projected, head-split values: ``(B, kv_heads, T, dh)``."""
+        self._check_x(x)
+        return self._split(self.v_proj(x))
+
+    def _expand_kv(self, t: torch.Tensor) -> torch.Tensor:
+        """Key/value heads repeated to the query heads (grouped-query attention)."""
+        g = self.heads // t.shape[1]
+        return t if g == 1 else t.repeat_interleave(g, 1)
+
+    def _omega_for(self, heads: int) -> torch.Tensor:
+        """omega with one group per ``heads`` (or one for all): (1 or heads, M, dh)."""
+        om = self.omega
+        return om if om.shape[0] in (1, heads) else om.repeat_interleave(heads // om.shape[0], 0)
 
     def feature(self, u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
         """The feature map as ``forward`` uses it, without the stabilising shift.
@@ -407,10 +488,13 @@ class KernelAttention(nn.Module):
         if om.shape[0] == 1 or not self.has_features:  # elu: no particles
             phi = self.feature(u, om[0])
         else:  # one omega per head: the map vectorised over the head dimension (no loop)
-            phi = torch.vmap(self.feature, in_dims=(1, 0), out_dims=1)(u, om)
-        scale = self.feature_scale()  # (G, M), G = 1 or H
+            phi = torch.vmap(self.feature, in_dims=(1, 0), out_dims=1)(u, self._omega_for(
+                u.shape[1]))
+        scale = self.feature_scale()  # (G, M), G = 1 or Hk
         if scale is None:
             return phi
+        if scale.shape[0] not in (1, u.shape[1]):  # a key group's masses, for its queries
+            scale = scale.repeat_interleave(u.shape[1] // scale.shape[0], 0)
         return phi * scale[:, None, :].to(phi.dtype)  # (B, H, L, M) * (G, 1, M)
 
     def _favor_augmented(self, q, k):
@@ -421,6 +505,8 @@ class KernelAttention(nn.Module):
         at -1e4)."""
         bias = 0.5 * self.feature_scale().square().log().clamp_min(-1e4)  # (G, M)
         om = torch.cat([self.omega.to(bias.dtype), bias[..., None]], -1).to(self.omega.dtype)
+        if om.shape[0] not in (1, k.shape[1]):  # keys repeated to the query heads
+            om = om.repeat_interleave(k.shape[1] // om.shape[0], 0)
         one = q.new_ones(q.shape[:-1] + (1,))
         qa = torch.cat([q, one], -1)
         ka = qa if k is q else torch.cat([k, k.new_ones(k.shape[:-1] + (1,))], -1)
@@ -428,7 +514,14 @@ class KernelAttention(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        state: DecodeState | None = None,
+        output_state: bool = False,
+    ):
         """Attend.
 
         Parameters
@@ -436,21 +529,84 @@ class KernelAttention(nn.Module):
         x : torch.Tensor, shape (B, T, dim)
         mask : torch.Tensor of bool, shape (B, T), optional
             ``True`` = real token; padded positions are never attended to (their own outputs
-            are computed but meaningless).
+            are computed but meaningless). Not with a state.
+        state : DecodeState, optional
+            Causal layers: the state after the tokens before ``x`` (from an earlier call with
+            ``output_state=True``); ``x`` continues that sequence.
+        output_state : bool
+            Causal layers: also return the state after ``x``.
 
         Returns
         -------
-        torch.Tensor, shape (B, T, dim)
+        torch.Tensor, shape (B, T, dim); with ``output_state`` ``(out, DecodeState)``.
         """
         self._check_x(x)
         B, T, _ = x.shape
         AF.check_key_mask(mask, B, T)
-        q = self.queries(x)
-        k = q if self.tie_qk else self.keys(x)
-        v = self._split(self.v_proj(x))
-        out = self.attend(q, k, v, mask)  # (B, H, T, dh)
-        out = out.transpose(1, 2).reshape(B, T, self.dim)
-        return self.out_proj(self.dropout(out))
+        stateful = state is not None or output_state
+        if stateful and not self.causal:
+            raise ValueError("a decoding state needs a causal layer (causal=True)")
+        if stateful and mask is not None:
+            raise ValueError("decoding with a state takes no padding mask")
+        if state is not None and not isinstance(state, DecodeState):
+            raise TypeError(f"state must be a DecodeState, got {type(state).__name__}")
+        start = 0 if state is None else state.position
+        q = self.queries(x, start)
+        k = q if self.tie_qk else self.keys(x, start)
+        v = self.values(x)
+        if stateful:
+            with torch.autocast(device_type=q.device.type, enabled=False):
+                out, inner = self._attend_state(q, k, v, None if state is None else state.inner)
+        else:
+            out = self.attend(q, k, v, mask)  # (B, H, T, dh)
+        out = self.out_proj(self.dropout(out.transpose(1, 2).reshape(B, T, self.dim)))
+        return (out, DecodeState(start + T, inner)) if output_state else out
+
+    def step(self, x: torch.Tensor, state: DecodeState | None = None):
+        """One decoding step: ``x`` (B, 1, dim) after ``state`` -> ``(out, new_state)``."""
+        if isinstance(x, torch.Tensor) and x.ndim == 3 and x.shape[1] != 1:
+            raise ValueError(f"step takes one token, x of shape (B, 1, {self.dim}); got "
+                             f"{tuple(x.shape)} (use forward(x, state=..., "
+                             "output_state=True) for a block)")
+        return self.forward(x, state=state, output_state=True)
+
+    def _linear_kind(self) -> dict:
+        """The rest term of the causal hybrid: FAVOR+'s particles or this layer's map."""
+        if self.feature_map == "favor" and self.mass is None:
+            return {"omega": self.omega}
+        return {"phi": self._phi}
+
+    def _attend_state(self, q, k, v, inner):
+        """The stateful causal ops: q (B, H, T, dh), k, v (B, Hk, T, dh) after ``inner``."""
+        name = self.feature_map
+        if self.window:
+            kw = self._linear_kind() if self.window_linear else {}
+            return AF.streaming_attention(
+                q, k, v, torch.sigmoid(self.window_logit), self.window, self.sinks,
+                linear=self.window_linear, chunk_size=self.chunk_size or 128,
+                initial_state=inner, output_final_state=True, **kw)
+        if name == "none":
+            return self._expand_kv(v), None
+        if name == "softmax":
+            kc = k if inner is None else torch.cat([inner.k, k.to(inner.k)], 2)
+            vc = v if inner is None else torch.cat([inner.v, v.to(inner.v)], 2)
+            T, S = q.shape[2], kc.shape[2]
+            seen = torch.arange(S, device=q.device)[None, :] <= torch.arange(
+                S - T, S, device=q.device)[:, None]  # (T, S): keys at or before each query
+            out = F.scaled_dot_product_attention(q, self._expand_kv(kc).to(q),
+                                                 self._expand_kv(vc).to(q), attn_mask=seen,
+                                                 scale=1.0)
+            return out, KVCache(kc, vc)
+        if name == "favor":
+            if self.mass is not None:
+                qa, ka, om = self._favor_augmented(q, k)
+                return AF.causal_favor_attention(qa, ka, v, om, chunk_size=self.chunk_size,
+                                                 initial_state=inner, output_final_state=True)
+            return AF.causal_favor_attention(q, k, v, self.omega, chunk_size=self.chunk_size,
+                                             initial_state=inner, output_final_state=True)
+        return AF.causal_linear_attention(self._phi(q), self._phi(k), v,
+                                          chunk_size=self.chunk_size, initial_state=inner,
+                                          output_final_state=True)
 
     #: Association order of the FAVOR+ ops (:func:`.functional.favor_attention`): ``"auto"``
     #: (by cost: quadratic at the shortest sequences, linear beyond), ``"quadratic"``,
@@ -468,15 +624,27 @@ class KernelAttention(nn.Module):
         v: torch.Tensor,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attention of already projected heads: q, k ``(B, H, T|S, dh)`` (scaled as by
-        :meth:`queries`), v ``(B, H, S, dh)`` -> ``(B, H, T, dh)``."""
+        """Attention of already projected heads: q ``(B, H, T, dh)``, k ``(B, Hk, S, dh)``
+        (scaled as by :meth:`queries`), v ``(B, Hk, S, dh)`` -> ``(B, H, T, dh)``."""
+        grouped = k.shape[1] != q.shape[1]
+        if self.window and self.causal and (self.sinks or grouped):  # window + sinks
+            with torch.autocast(device_type=q.device.type, enabled=False):
+                if mask is not None:
+                    raise ValueError("the causal hybrid with sinks or grouped heads takes no "
+                                     "padding mask")
+                out, _ = self._attend_state(q, k, v, None)
+                return out
+        if grouped and not (self.causal and self.feature_map not in ("softmax", "none")):
+            # the ops without native grouped heads see every query head's keys and values
+            # (and each query head its group's particles: _omega_for)
+            k, v = self._expand_kv(k), self._expand_kv(v)
         if self.window:  # the sliding-window hybrid (set_window_)
             with torch.autocast(device_type=q.device.type, enabled=False):
                 return self._attend_window(q, k, v, mask)
         name = self.feature_map
         if name == "none":  # the no-mixing control: each position's output is its own value
             return v
-        out = fused_attend(self, q, k, v, mask)  # the GPU kernels, or None: today's ops
+        out = None if grouped else fused_attend(self, q, k, v, mask)  # GPU kernels or None
         if out is not None:
             return out
         if name == "favor":
@@ -484,7 +652,8 @@ class KernelAttention(nn.Module):
             if self.mass is not None:
                 qa, ka, om = self._favor_augmented(q, k)
                 return fn(qa, ka, v, om, mask, chunk_size=self.chunk_size, order=self.order)
-            return fn(q, k, v, self.omega, mask, chunk_size=self.chunk_size, order=self.order)
+            om = self._omega_for(k.shape[1])
+            return fn(q, k, v, om, mask, chunk_size=self.chunk_size, order=self.order)
         if name == "softmax":
             return _sdpa(q, k, v, mask, self.causal)
         # the maps upcast to float32; autocast would undo that inside the matmul q @ omega.T
@@ -500,7 +669,9 @@ class KernelAttention(nn.Module):
                 f"share_features={self.share_features}"
                 + (", causal=True" if self.causal else "")
                 + (", weighted=True" if self.mass is not None else "")
+                + (f", kv_heads={self.kv_heads}" if self.kv_heads != self.heads else "")
                 + (f", window={self.window}" if self.window else "")
+                + (f", sinks={self.sinks}" if self.sinks else "")
                 + ("" if self.window_linear else ", window_linear=False"))
 
 
