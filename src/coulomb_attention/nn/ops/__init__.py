@@ -11,7 +11,8 @@
 - :mod:`.workspace`: the thread-local scratch buffers of the fused path;
 - :mod:`.causal`: causal linear attention and causal FAVOR+, chunked and recurrent (a state
   in and out, one-token steps, grouped queries);
-- :mod:`.window`: sliding-window softmax plus linear attention over the rest (the hybrid).
+- :mod:`.window`: sliding-window softmax plus linear attention over the rest (the hybrid);
+- :mod:`.streaming`: the causal hybrid with attention sinks, chunked and recurrent (decoding).
 """
 
 from .causal import (
@@ -42,6 +43,7 @@ from .reference import (
     naive_recurrent_attention,
     softmax_attention,
 )
+from .streaming import HybridState, naive_streaming_attention, streaming_attention
 from .window import naive_window_attention, window_attention, window_masks
 from .workspace import clear_workspace
 
@@ -70,6 +72,9 @@ __all__ = [
     "softmax_attention",
     "use_blocked_inference",
     "naive_window_attention",
+    "HybridState",
+    "naive_streaming_attention",
+    "streaming_attention",
     "window_attention",
     "window_masks",
 ]
