@@ -3,6 +3,7 @@ finite differences, exact all-reduce, and its limits."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -157,3 +158,32 @@ def test_grouped_hamiltonian_moves_each_group_as_its_own_run(lam, per):
         assert torch.allclose(run.omega[i * M:(i + 1) * M], ref.omega, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="divisible by groups"):
         grouped.value_and_grad(omega.reshape(G * M, dh)[:-1], batches)
+
+
+def test_causal_hybrid_with_sinks_rows_are_the_streaming_op():
+    """A causal window batch with sinks: the student's output in the output-MSE term is the
+    streaming hybrid's output (nn/ops/streaming.py: window + sinks + linear rest), row by row,
+    so the conversion fits exactly the attention that decodes."""
+    from coulomb_attention.energy.teacher import _chunk_sums
+    from coulomb_attention.nn.ops import naive_streaming_attention
+
+    g = torch.Generator().manual_seed(3)
+    B, H, L, d, M, W, S = 2, 2, 20, 4, 8, 5, 3
+    q = 0.6 * torch.randn(B, H, L, d, generator=g, dtype=torch.float64)
+    k = 0.6 * torch.randn(B, H, L, d, generator=g, dtype=torch.float64)
+    v = torch.randn(B, H, L, d, generator=g, dtype=torch.float64)
+    omega = torch.randn(M, d, generator=g, dtype=torch.float64)
+    gamma = torch.tensor([0.3, 2.0], dtype=torch.float64)
+    rows = torch.arange(L)[None].expand(B, L)
+    batch = TeacherBatch(q, k, torch.ones(B, L, dtype=torch.bool),
+                         torch.ones(B, L, dtype=torch.bool), v, row_pos=rows, row_index=rows,
+                         window=W, gamma=gamma, sinks=S)
+    _, se, _ = _chunk_sums(features.positive, omega, batch, 0.0)
+    student = naive_streaming_attention(q, k, v, gamma, W, S, omega=omega[None])
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    teacher = torch.softmax((q @ k.transpose(-1, -2)).masked_fill(~causal, -math.inf), -1) @ v
+    expected = ((student - teacher) ** 2).sum(-1).sum() / d
+    assert torch.allclose(se, expected, rtol=1e-10)
+    no_sinks = dataclasses.replace(batch, sinks=0)
+    _, se0, _ = _chunk_sums(features.positive, omega, no_sinks, 0.0)
+    assert not torch.allclose(se0, se)  # the sinks change the rows

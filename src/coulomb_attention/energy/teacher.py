@@ -78,6 +78,9 @@ class TeacherBatch:
                                           ``W`` (0: pure linear); causal with ``row_pos``
     gamma : Tensor (H,) or None           its window weight per head
     window_linear : bool                  False: the window alone (no linear term)
+    sinks : int                           causal window: the first ``sinks`` keys are exact
+                                          too (attention sinks,
+                                          :mod:`coulomb_attention.nn.ops.streaming`)
     """
 
     q: torch.Tensor
@@ -91,6 +94,7 @@ class TeacherBatch:
     window: int = 0
     gamma: torch.Tensor | None = None
     window_linear: bool = True
+    sinks: int = 0
 
     def __post_init__(self) -> None:
         B, H, R, dh = self.q.shape
@@ -133,12 +137,15 @@ class TeacherBatch:
         rel = s[None, None, :] - self.row_index[:, :, None]  # (B, R, S): s - t
         before, after = ((self.window - 1, 0) if self.row_pos is not None
                          else (self.window // 2, self.window // 2))
-        return ((rel >= -before) & (rel <= after))[:, None] & self.mask()
+        inside = (rel >= -before) & (rel <= after)
+        if self.sinks:
+            inside = inside | (s < self.sinks)[None, None, :]
+        return inside[:, None] & self.mask()
 
     def _window_fields(self, heads=slice(None)):
         return dict(row_index=self.row_index, window=self.window,
                     gamma=None if self.gamma is None else self.gamma[heads],
-                    window_linear=self.window_linear)
+                    window_linear=self.window_linear, sinks=self.sinks)
 
     @property
     def n_rows(self) -> int:
