@@ -29,8 +29,8 @@ from coulomb_attention.convert import (
     load_sentences,
 )
 from coulomb_attention.nn.pretrained import load_pretrained_encoder, load_pretrained_tokenizer
-from coulomb_attention.train.distill import embedding_data
-from coulomb_attention.train.finish import FinishConfig, finish_lowrank
+from coulomb_attention.convert.distill import embedding_data
+from coulomb_attention.convert.finish import FinishConfig, finish_lowrank
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     p.add_argument("--lrs", type=float, nargs="+", default=[2e-3])
     p.add_argument("--steps", type=int, nargs="+", default=[200])
     p.add_argument("--objectives", nargs="+", default=["embedding"],
-                   help="FinishConfig.objective values (train.finish.OBJECTIVES)")
+                   help="FinishConfig.objective values (convert.finish.OBJECTIVES)")
     p.add_argument("--aux-weights", type=float, nargs="+", default=[1.0])
     p.add_argument("--targets", nargs="+", default=None, help="(default: FinishConfig's)")
     p.add_argument("--with-particles", action="store_true")

@@ -22,9 +22,11 @@ PKG = "coulomb_attention"
 LAYERS: list[set[str]] = [
     {"__init__", "_validation", "config", "names", "results", "stats", "metrics"},  # foundations
     {"features", "energy", "dynamics", "data"},  # the mathematics' pieces, the data
-    {"estimators", "meanfield", "nn", "reports"},  # models, solvers, report renderers
-    {"train"},  # the training pipeline
-    {"convert", "export"},  # pretrained encoder -> particles; converted encoder -> HF directory
+    {"estimators", "meanfield", "nn"},  # models, solvers
+    {"convert"},  # pretrained encoder -> particles (a conversion is phase A of a pretrained run)
+    # the training pipeline; converted encoder -> HF directory; report renderers (they read a
+    # conversion directory through convert.artifact)
+    {"train", "export", "reports"},
     {"studies", "bench"},  # experiments: config in, records out
     {"commands"},  # flags -> config -> library -> result files
     {"cli"},  # the entry point: names -> command modules
@@ -153,7 +155,7 @@ def test_the_checks_can_fail():
     """The cycle finder and the layer rule on a made-up graph."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
-    assert LAYER["nn"] < LAYER["train"] < LAYER["commands"]
+    assert LAYER["nn"] < LAYER["convert"] < LAYER["train"] < LAYER["commands"]
     source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
               "    from ..train import run\nfrom ..nn import model\nfrom . import bert\n"
               "def f():\n    from ..train.run import run\n")
@@ -182,20 +184,20 @@ def test_every_package_is_a_regular_package():
 ALLOWED_OPTIMISERS = {
     ("train/loop.py", "torch.optim.AdamW"): "the one training loop (warm-up, phase B): every "
     "model parameter, particles frozen as buffers",
-    ("train/finish.py", "torch.optim.Adam"): "the low-rank finishing of a converted encoder: "
+    ("convert/finish.py", "torch.optim.Adam"): "the low-rank finishing of a converted encoder: "
     "its adapter and bias parameters, not particles",
 }
 
 #: comparisons of a method / optimiser name with a method outside dynamics/, each not a choice
 #: of how particles move
 ALLOWED_METHOD_TESTS = {
-    ("train/distill.py", "config.method == 'hedgehog'"): "map switching: the layer takes "
+    ("convert/distill.py", "config.method == 'hedgehog'"): "map switching: the layer takes "
     "Hedgehog's feature map (use_hedgehog_map_) before its particles are fitted",
     ("train/recall_teacher.py", "config.method == 'hedgehog'"): "map switching "
     "(use_hedgehog_map_), as in distill",
     ("train/recall.py", "self.fit.method in ('hedgehog', 'weighted')"): "config validation: "
     "these methods need a row objective",
-    ("convert.py", "run_config.distill.method == 'hedgehog'"): "the converted checkpoint's "
+    ("convert/config.py", "run_config.distill.method == 'hedgehog'"): "the converted checkpoint's "
     "variant name (Hedgehog's map or particles), not how particles move",
     ("estimators.py", "self.optimizer == 'adam'"): "the estimator's validation (no noise, no "
     "masses) and its public eta turned into Adam's lr = eta / sqrt(d), a unit conversion",

@@ -152,7 +152,7 @@ SENTENCES = ["the movie was good", "a bad film , not fun", "great", "it is not g
 def _tiny_conversion(tiny_dir, tmp_path, *, variant="particles", seed=0, m=8):
     """A finished conversion of the tiny encoder (few steps), in a conversion cache."""
     from coulomb_attention.convert import ConvertConfig, cached_conversion
-    from coulomb_attention.train.distill import DistillConfig
+    from coulomb_attention.convert.distill import DistillConfig
 
     sent = tmp_path / "sentences.txt"
     sent.write_text("\n".join(SENTENCES) + "\n")
@@ -172,13 +172,14 @@ def test_teacher_phase_a_is_the_conversion_and_its_particles_stay_frozen(tiny_di
     them; the cache reuses a finished conversion (same directory, no second fit)."""
     from safetensors.torch import load_file
 
-    cfg, conv, logs = _tiny_conversion(tiny_dir, tmp_path)
+    cfg, fresh, logs = _tiny_conversion(tiny_dir, tmp_path)
+    conv = fresh.directory
     assert (conv / "result.json").is_file() and any("converting" in x for x in logs)
     _, again, logs2 = _tiny_conversion(tiny_dir, tmp_path)
-    assert again == conv and logs2 == [f"conversion reused: {conv}"]
+    assert again.directory == conv and logs2 == [f"conversion reused: {conv}"]
 
     run_cfg = _tiny_pretrained(str(tiny_dir), objective="teacher")
-    m = pipeline.run(run_cfg, tmp_path / "t", converted=conv, log=lambda *_: None)
+    m = pipeline.run(run_cfg, tmp_path / "t", converted=fresh, log=lambda *_: None)
     assert m["conversion"]["dir"] == str(conv) and m["config"]["objective"] == "teacher"
     saved = [json.loads(x) for x in (conv / "records.jsonl").read_text().splitlines() if x]
     assert m["alignment"] == saved and saved
@@ -194,7 +195,7 @@ def test_teacher_phase_a_is_the_conversion_and_its_particles_stay_frozen(tiny_di
 def test_teacher_without_or_with_a_wrong_conversion_is_refused(tiny_dir, tmp_path):
     """No conversion, a conversion of another seed or another method, a conversion given to a
     label run, a vanilla run on a converted encoder: each one line naming the problem."""
-    _, conv, _ = _tiny_conversion(tiny_dir, tmp_path)
+    conv = _tiny_conversion(tiny_dir, tmp_path)[1].directory
     teacher = _tiny_pretrained(str(tiny_dir), objective="teacher")
     with pytest.raises(ValueError, match="phase A of a pretrained encoder with the teacher"):
         pipeline.run(teacher, tmp_path / "a", log=lambda *_: None)
@@ -218,7 +219,7 @@ def test_teacher_without_or_with_a_wrong_conversion_is_refused(tiny_dir, tmp_pat
 def test_encoder_dir_of_a_conversion_fine_tunes_it_without_phase_a(tiny_dir, tmp_path):
     """``train --encoder DIR`` of a convert output: the checkpoint inside is the model, its
     particles are kept (no phase A records, no aligned checkpoint)."""
-    _, conv, _ = _tiny_conversion(tiny_dir, tmp_path)
+    conv = _tiny_conversion(tiny_dir, tmp_path)[1].directory
     m = pipeline.run(_tiny_pretrained(str(conv), objective="teacher"), tmp_path / "r",
                      log=lambda *_: None)
     assert not m["alignment"] and math.isfinite(m["accuracy"])
@@ -314,8 +315,8 @@ def test_hedgehog_rows_fine_tune_their_conversion(tiny_dir, tmp_path, variant):
     from safetensors.torch import load_file
 
     from coulomb_attention.convert import ConvertConfig, cached_conversion, conversion_of_run
+    from coulomb_attention.convert.distill import DistillConfig
     from coulomb_attention.studies.minilm import parse_variant
-    from coulomb_attention.train.distill import DistillConfig
 
     over = parse_variant(*variant)
     small = {"n_examples": 9, "holdout": 3, "batch_size": 3, "rows_per_sequence": 0,
@@ -328,8 +329,9 @@ def test_hedgehog_rows_fine_tune_their_conversion(tiny_dir, tmp_path, variant):
     conv_cfg = ConvertConfig(**{**conv_cfg.__dict__, "sentences_file": str(sent),
                                 "max_length": 16,
                                 "distill": DistillConfig(**{**conv_cfg.distill.__dict__})})
-    conv = cached_conversion(conv_cfg, tmp_path / "cache", log=lambda *_: None)
-    m = pipeline.run(cfg, tmp_path / "r", converted=conv, log=lambda *_: None)
+    made = cached_conversion(conv_cfg, tmp_path / "cache", log=lambda *_: None)
+    conv = made.directory
+    m = pipeline.run(cfg, tmp_path / "r", converted=made, log=lambda *_: None)
     assert math.isfinite(m["accuracy"]) and m["conversion"]["dir"] == str(conv)
     saved = json.loads((conv / "checkpoint" / "config.json").read_text())
     want = load_file(conv / "checkpoint" / "model.safetensors")

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from coulomb_attention.convert.distill import align_to_softmax
 from coulomb_attention.nn import KernelAttention
 from coulomb_attention.nn.pretrained import (
     PRETRAINED,
@@ -22,7 +23,6 @@ from coulomb_attention.nn.pretrained import (
     load_pretrained_tokenizer,
     resolve_checkpoint_dir,
 )
-from coulomb_attention.train.distill import align_to_softmax
 from coulomb_attention.train.phases import AlignConfig
 
 # Reference computed once with sentence-transformers 6.3.0 / transformers 5.24.0 on the

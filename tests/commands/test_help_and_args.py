@@ -193,15 +193,15 @@ def test_convert_flag_tables_match_the_configs():
     from coulomb_attention import convert as conv
     from coulomb_attention.cli import build_parser
     from coulomb_attention.commands import convert as cmd
-    from coulomb_attention.train.distill import DistillConfig
+    from coulomb_attention.convert.distill import DistillConfig
 
     assert cmd.VARIANTS == conv.VARIANTS
     conv_fields = {f.name for f in dataclasses.fields(conv.ConvertConfig)}
     dist_fields = {f.name for f in dataclasses.fields(DistillConfig)}
     assert set(cmd.CONVERT_FLAGS.values()) <= conv_fields
     assert set(cmd.DISTILL_FLAGS.values()) <= dist_fields
+    from coulomb_attention.convert.finish import OBJECTIVES, FinishConfig
     from coulomb_attention.nn.lora import ALL_TARGETS
-    from coulomb_attention.train.finish import OBJECTIVES, FinishConfig
 
     assert cmd.LORA_OBJECTIVES == tuple(OBJECTIVES) and cmd.LORA_TARGETS == ALL_TARGETS
     assert set(cmd.LORA_FLAGS.values()) <= {f.name for f in dataclasses.fields(FinishConfig)}
@@ -234,8 +234,8 @@ def test_convert_flag_tables_match_the_configs():
 def test_convert_help_prints_the_configs_real_defaults():
     from coulomb_attention import convert as conv
     from coulomb_attention.commands import convert as cmd
-    from coulomb_attention.train.distill import DistillConfig
-    from coulomb_attention.train.finish import FinishConfig
+    from coulomb_attention.convert.distill import DistillConfig
+    from coulomb_attention.convert.finish import FinishConfig
 
     for name, config, flags in (("convert", conv.ConvertConfig(), cmd.CONVERT_FLAGS),
                                 ("distill", DistillConfig(), cmd.DISTILL_FLAGS),

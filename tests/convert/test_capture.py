@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from coulomb_attention.train.capture import layer_inputs
+from coulomb_attention.convert.capture import layer_inputs
 from test_train import synthetic_set, tiny_model
 
 

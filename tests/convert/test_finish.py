@@ -6,16 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_convert import SENTENCES
 
 from coulomb_attention.convert import ConvertConfig, convert_encoder
-from coulomb_attention.nn.lora import lora_modules, merge_lora_
-from coulomb_attention.nn.pretrained import (
-    load_pretrained_encoder,
-    load_pretrained_tokenizer,
-    save_pretrained_encoder,
-)
-from coulomb_attention.train.distill import DistillConfig, embedding_data
-from coulomb_attention.train.finish import (
+from coulomb_attention.convert.distill import DistillConfig, embedding_data
+from coulomb_attention.convert.finish import (
     OBJECTIVES,
     FinishConfig,
     finish_loss,
@@ -23,8 +18,13 @@ from coulomb_attention.train.finish import (
     hidden_state_loss,
     teacher_states,
 )
+from coulomb_attention.nn.lora import lora_modules, merge_lora_
+from coulomb_attention.nn.pretrained import (
+    load_pretrained_encoder,
+    load_pretrained_tokenizer,
+    save_pretrained_encoder,
+)
 from helpers import rel_err
-from test_convert import SENTENCES
 from test_pretrained import write_tiny_bert
 
 
@@ -109,7 +109,7 @@ def test_finish_config_validation():
 
 
 def test_convert_with_finishing_resumes_after_the_kernel_stage(tiny_dir, tmp_path):
-    import coulomb_attention.convert as conv
+    import coulomb_attention.convert.pipeline as conv
 
     sent = tmp_path / "sentences.txt"
     sent.write_text("\n".join(SENTENCES) + "\n")

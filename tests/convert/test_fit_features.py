@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from coulomb_attention.convert.distill import DistillConfig
+from coulomb_attention.convert.fit_features import fit_features
 from coulomb_attention.nn import KernelAttention
-from coulomb_attention.train.distill import DistillConfig
-from coulomb_attention.train.fit_features import fit_features
 
 
 def _layer():

@@ -4,9 +4,10 @@ import math
 import pytest
 import torch
 
+from coulomb_attention.convert.distill import DistillConfig
+from coulomb_attention.convert.driver import langevin_setup
 from coulomb_attention.dynamics import LangevinSchedule, ParticleConfig
-from coulomb_attention.train.distill import DistillConfig
-from coulomb_attention.train.phases import AlignConfig, langevin_setup
+from coulomb_attention.train.phases import AlignConfig
 from coulomb_attention.train.recall_teacher import RecallFitConfig
 
 

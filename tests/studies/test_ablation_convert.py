@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from coulomb_attention.convert import embed, embedding_fidelity, load_sentences
+from coulomb_attention.convert.distill import DistillConfig, distill_attention
 from coulomb_attention.nn.pretrained import (
     load_pretrained_encoder,
     load_pretrained_tokenizer,
@@ -15,7 +16,6 @@ from coulomb_attention.nn.pretrained import (
 )
 from coulomb_attention.studies import ablation_convert as arena
 from coulomb_attention.studies.ablation import RECORD_KEYS, SPEC_KEYS, run_key
-from coulomb_attention.train.distill import DistillConfig, distill_attention
 from test_pretrained import write_tiny_bert
 
 TINY = arena.Budget(steps=4, refine_steps=2, batch_size=4, rows=4, holdout=4, eval_sentences=12,
@@ -156,8 +156,8 @@ def test_weighted_distillation_fits_masses_per_head_and_lowers_the_kl(tiny_dir):
         assert torch.allclose(mass.sum(-1), torch.ones(mass.shape[0], dtype=mass.dtype))
         assert float(mass.max() / mass.min()) > 1.2
     # a record's KL is that of the masses now in the layer (the masses enter the objective)
+    from coulomb_attention.convert.distill import capture_teacher_batches, split_examples
     from coulomb_attention.energy import TeacherAttention
-    from coulomb_attention.train.distill import capture_teacher_batches, split_examples
 
     fit_idx = split_examples(12, cfg, torch.Generator().manual_seed(0))[0]
     layer = model.attention_layers[1]

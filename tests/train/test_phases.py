@@ -63,7 +63,7 @@ def test_corrupt_phase_a_checkpoint_names_the_file(tmp_path):
 
 
 def test_run_phase_a_resumes_where_the_checkpoint_left_off():
-    from coulomb_attention.train.phases import run_phase_a
+    from coulomb_attention.convert.driver import run_phase_a
 
     def make_fit(log):
         def fit_layer(li):

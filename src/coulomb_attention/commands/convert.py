@@ -19,7 +19,6 @@ of the finished row, each card naming its row (``--no-hf``: none).
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,12 +39,12 @@ from ._convert_flags import (  # noqa: F401  (re-exported: the tests read them)
 
 if TYPE_CHECKING:
     from ..convert import ConvertConfig
-    from ..train.finish import FinishConfig
+    from ..convert.finish import FinishConfig
 
 
 def finish_from_args(args: argparse.Namespace) -> FinishConfig | None:
     """The finishing configuration of ``--lora-*`` (None with ``--lora-rank 0``)."""
-    from ..train.finish import FinishConfig
+    from ..convert.finish import FinishConfig
 
     rank = args.lora_rank
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
@@ -64,7 +63,7 @@ def finish_from_args(args: argparse.Namespace) -> FinishConfig | None:
 def config_from_args(args: argparse.Namespace) -> ConvertConfig:
     """The conversion the flags describe: a flag not given takes its config's default."""
     from ..convert import ConvertConfig
-    from ..train.distill import DistillConfig
+    from ..convert.distill import DistillConfig
 
     c, d = ConvertConfig(), DistillConfig()
     dist = {field: getattr(d, field) if getattr(args, flag) is None else getattr(args, flag)
@@ -86,12 +85,14 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..convert import convert_encoder, speed_table
+    from ..convert.artifact import Artifact
     from ..reports.convert import result_lines, write_convert_report
 
     torch.set_num_threads(max(1, args.threads))
     args.progress = progress_mode(args) != "none"  # bars only on a terminal, else lines
     cfg = config_from_args(args)
     out = Path(args.out)
+    art = Artifact(out)
     if args.grid:
         if cfg.finish is not None:
             raise ValueError("--lora-rank applies to one conversion, not to --grid")
@@ -105,30 +106,29 @@ def run(args: argparse.Namespace) -> int:
         res = evaluate_conversion(out, evaluation_changes(args), data_dir=args.data_dir)
         print("\n".join(result_lines(res)))
         print(f"wrote {write_convert_report(out)}")
-    elif not args.speed or not (out / "result.json").is_file():
+    elif not args.speed or not art.has_result():
         res = convert_encoder(cfg, out, data_dir=args.data_dir, progress=args.progress,
                               evaluate=not args.no_eval)
         print("\n".join(result_lines(res)))
         print(f"wrote {write_convert_report(out)}")
-        if not args.no_hf and (out / "checkpoint").is_dir():
+        if not args.no_hf and art.has_checkpoint():
             from ..export import export_hf_directory
 
             row = "hybrid" if cfg.window and cfg.window_linear else (
                 "window alone" if cfg.window else "pure-linear")
-            print(f"wrote {export_hf_directory(out / 'checkpoint', out / 'hf')} ({row} row)")
-            low = out / "lowrank"
-            if (low / "checkpoint").is_dir():  # the finished row: its own directory
-                print(f"wrote {export_hf_directory(low / 'checkpoint', low / 'hf')} "
+            print(f"wrote {export_hf_directory(art.checkpoint, art.hf)} ({row} row)")
+            if art.has_lowrank():  # the finished row: its own directory
+                print(f"wrote {export_hf_directory(art.lowrank_checkpoint, art.lowrank_hf)} "
                       "(low-rank finished row)")
     if args.speed:
         from ..nn.pretrained import load_pretrained_encoder
 
-        ckpt = out / "checkpoint"
-        model = (load_pretrained_encoder(ckpt) if ckpt.is_dir() else load_pretrained_encoder(
-            cfg.encoder, cfg.feature_map, cfg.n_features, share_features=False))
+        model = (load_pretrained_encoder(art.checkpoint) if art.has_checkpoint()
+                 else load_pretrained_encoder(cfg.encoder, cfg.feature_map, cfg.n_features,
+                                              share_features=False))
         teacher = load_pretrained_encoder(cfg.encoder, "softmax")
         rows = speed_table(model, teacher, args.lengths, args.layer_lengths)
-        (out / "speed.json").write_text(json.dumps(rows, indent=2))
+        art.write_speed(rows)
         for r in rows:
             print(f"{r['what']} L={r['length']}: converted {r['converted_ms']:.1f} ms, "
                   f"softmax {r['softmax_ms']:.1f} ms")

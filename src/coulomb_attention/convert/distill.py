@@ -2,7 +2,7 @@
 
 In a pretrained encoder the queries and keys are fixed, so the kernel is everything. Layers are
 converted in order; for layer ``l`` the inputs ``h`` are computed with the already-converted
-layers ``< l`` (:func:`coulomb_attention.train.capture.layer_inputs`), the teacher row of a
+layers ``< l`` (:func:`coulomb_attention.convert.capture.layer_inputs`), the teacher row of a
 query is the layer's own softmax row ``softmax_s(q_t . k_s)`` on those inputs, and the
 particles of each head group move by the one particle fit
 (:func:`coulomb_attention.dynamics.fit_particles`, the method ``config.method``) on
@@ -74,7 +74,7 @@ from ..energy import (
 # the Hedgehog map lives with the attention layers (a loaded checkpoint switches to it too)
 from ..nn.attention import use_hedgehog_map_
 from .capture import layer_inputs
-from .phases import langevin_setup, run_phase_a
+from .driver import langevin_setup, run_phase_a
 
 __all__ = [
     "DistillConfig",
@@ -231,7 +231,7 @@ def capture_teacher_batches(
 ) -> list[TeacherBatch]:
     """Scaled queries (sampled rows), keys and values of one attention layer, all heads.
 
-    The inputs of the layer come from :func:`~coulomb_attention.train.capture.layer_inputs`
+    The inputs of the layer come from :func:`~coulomb_attention.convert.capture.layer_inputs`
     (the model as it is now: earlier layers already converted). ``rows_per_sequence`` real query
     positions are drawn per sequence without replacement (0: all real rows).
 

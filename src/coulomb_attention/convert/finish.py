@@ -1,6 +1,6 @@
 """Low-rank finishing of a converted encoder (a practical stage, not the method).
 
-The conversion proper (:mod:`coulomb_attention.train.distill`) learns only the particles; at
+The conversion proper (:mod:`coulomb_attention.convert.distill`) learns only the particles; at
 M = 64 FAVOR+ features per head on MiniLM it stops near an embedding cosine of 0.96 to the
 teacher. As LoLCATs (Zhang et al. 2024) does after its attention transfer, this stage also
 learns low-rank adapters (:mod:`coulomb_attention.nn.lora`) on the query, key, value and output
@@ -9,7 +9,7 @@ projections of every attention layer, on the same end-to-end objective as the jo
 
     L(A, B [, Omega]) = mean over sentences of 1 - cos(e(x; A, B, Omega), e_teacher(x))
 
-with the same sentences and batches (:func:`~coulomb_attention.train.distill.embedding_data`:
+with the same sentences and batches (:func:`~coulomb_attention.convert.distill.embedding_data`:
 the layer-wise fit sentences and further ones up to ``refine_examples``, never the held-out
 ones), and merges the adapters into the weights. The result has the original size and class;
 what it learned beyond the kernel (``trained_params``) is reported with it, always as its own
@@ -252,7 +252,7 @@ def finish_lowrank(
     config : FinishConfig
     generator : torch.Generator  seeded as the distillation's: draws the split first (the
                                  distillation's), then the adapters' ``A`` and the batch order
-    data : optional result of :func:`~coulomb_attention.train.distill.embedding_data` with the
+    data : optional result of :func:`~coulomb_attention.convert.distill.embedding_data` with the
         same split (skips the teacher's forward passes); the split is still drawn
 
     Returns

@@ -4,7 +4,7 @@ The recipe for a layer that is not part of this package's models: hand it the in
 sees (``x`` (n, T, dim), optionally a padding mask) and the particles move so that its linear
 attention reproduces the softmax attention of the *same* query/key projections, row by row
 (the conversion's data term, :class:`~coulomb_attention.energy.TeacherAttention`, mean row KL).
-The fit is the conversion's layer-wise stage itself (:func:`~coulomb_attention.train.distill.
+The fit is the conversion's layer-wise stage itself (:func:`~coulomb_attention.convert.distill.
 distill_attention` on a one-layer wrapper), so the method, defaults and records are the ones
 ``coulomb-attention convert`` uses; only ``omega`` changes, every projection stays as it is.
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from coulomb_attention.train.distill import DistillConfig, distill_attention
+from .distill import DistillConfig, distill_attention
 
 
 class _OneLayer(nn.Module):

@@ -2,14 +2,15 @@
 
 :class:`ParticleConfig` holds what defines a run of the particle dynamics of a phase A
 (``docs/DESIGN.md``: step size, temperature, repulsion, the projection set, the steps); the
-learners' configs (``train.phases.AlignConfig`` for label alignment, ``train.distill.DistillConfig``
-for attention distillation, ``train.recall_teacher.RecallFitConfig`` for MQAR's teacher route) are
-subclasses of it that set their own defaults and add what is theirs (data sizes, the
-objective's options). How the particles move (``method``: langevin, weighted, adam, hedgehog,
+learners' configs (``train.phases.AlignConfig`` for label alignment,
+``convert.distill.DistillConfig`` for attention distillation,
+``train.recall_teacher.RecallFitConfig`` for MQAR's teacher route) are subclasses of it that
+set their own defaults and add what is theirs (data sizes, the objective's options).
+How the particles move (``method``: langevin, weighted, adam, hedgehog,
 with ``lr`` for the Adam methods and ``tau``, ``w_min`` for the weighted one) is here too, and
 :func:`~coulomb_attention.dynamics.fit.fit_particles` reads it. The pair potential is built
 from ``potential``, ``s``, ``eps`` and ``lam`` by the energy layer
-(``train.phases.langevin_setup``); the schedule and the projection come from here.
+(``convert.driver.langevin_setup``); the schedule and the projection come from here.
 """
 
 from __future__ import annotations

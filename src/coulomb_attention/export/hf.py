@@ -30,6 +30,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..convert.artifact import Artifact
 from ..names import ATTENTION_MAPS
 from ..nn.bert import KERNEL_KEY, check_vocabulary, resolve_checkpoint_dir
 
@@ -225,9 +226,9 @@ def export_hf_directory(
     finished = saved_kernel.get("variant") == "particles+lowrank"
     if result is None and directory is not None:
         # convert's OUT/checkpoint (the pure-linear or hybrid row) or OUT/lowrank/checkpoint
-        home = directory.parent.parent if finished else directory.parent
-        if (home / "result.json").is_file():
-            result = home / "result.json"
+        home = Artifact.of_checkpoint(directory, lowrank=finished)
+        if home.has_result():
+            result = home.result_path
     if isinstance(result, (str, os.PathLike)):
         result = json.loads(Path(result).read_text(encoding="utf-8"))
     if finished and result and "lowrank" in result:  # the finished row's own numbers

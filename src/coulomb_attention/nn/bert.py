@@ -37,6 +37,7 @@ __all__ = [
     "PRETRAINED",
     "PretrainedSpec",
     "BERT_MODEL_TYPES",
+    "bert_checkpoint",
     "bert_key_map",
     "check_vocabulary",
     "convert_bert_state_dict",
@@ -398,8 +399,26 @@ def save_bert_checkpoint(
 
     from ..results import save_tensors
 
+    tensors, cfg = bert_checkpoint(state, bert_config, kernel)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
+    save_tensors(out / "model.safetensors", tensors, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+    if vocab_from is not None:
+        src = resolve_checkpoint_dir(vocab_from)
+        for fname in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+            if (src / fname).is_file() and (src / fname).resolve() != (out / fname).resolve():
+                shutil.copyfile(src / fname, out / fname)
+    return out
+
+
+def bert_checkpoint(state: dict[str, torch.Tensor], bert_config: dict[str, Any],
+                    kernel: dict[str, Any] | None = None
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``(tensors, config)`` of the checkpoint :func:`save_bert_checkpoint` writes, in memory:
+    the encoder tensors under BERT names (and the kernel's particles, masses and window logits)
+    and ``bert_config`` with the kernel section."""
     n_layers = int(bert_config["num_hidden_layers"])
     inverse = {v: k for k, v in bert_key_map(n_layers, prefix="").items()}
     tensors = {}
@@ -419,17 +438,9 @@ def save_bert_checkpoint(
     missing = sorted(set(inverse) - set(state))
     if missing:
         raise ValueError(f"state lacks {len(missing)} encoder tensors, e.g. {missing[:3]}")
-    save_tensors(out / "model.safetensors", tensors, metadata={"format": "pt"})
     cfg = dict(bert_config)
     if kernel is not None:
         cfg[KERNEL_KEY] = dict(kernel)
     else:
         cfg.pop(KERNEL_KEY, None)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n",
-                                     encoding="utf-8")
-    if vocab_from is not None:
-        src = resolve_checkpoint_dir(vocab_from)
-        for fname in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
-            if (src / fname).is_file() and (src / fname).resolve() != (out / fname).resolve():
-                shutil.copyfile(src / fname, out / fname)
-    return out
+    return tensors, cfg

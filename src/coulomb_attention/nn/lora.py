@@ -18,7 +18,7 @@ The project's encoder (:class:`~coulomb_attention.nn.pretrained.PretrainedClassi
 attention :class:`~coulomb_attention.nn.attention.KernelAttention` with ``q_proj``, ``k_proj``,
 ``v_proj``, ``out_proj``) is not a ``transformers`` model, so ``peft`` does not apply to it
 directly; this module is the few lines of LoRA it needs. It is used by the low-rank finishing
-stage of a conversion (:mod:`coulomb_attention.train.finish`), a practical option reported
+stage of a conversion (:mod:`coulomb_attention.convert.finish`), a practical option reported
 apart from the pure-linear conversion (where only the particles are learned).
 
 Adapters are saved as safetensors (``A``/``B`` per projection) + JSON metadata (rank, alpha,

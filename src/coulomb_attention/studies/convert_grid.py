@@ -29,7 +29,8 @@ def run_convert_grid(base: ConvertConfig, features: Sequence[int], seeds: Sequen
     A finished run is reused only when its stored configuration equals this one (else
     ``ValueError`` naming the differences).
     """
-    from ..convert import _to_json, convert_encoder
+    from ..convert import config_json, convert_encoder
+    from ..convert.artifact import Artifact, find_results
     from ..reports.convert import write_grid_report
 
     out = Path(out)
@@ -46,10 +47,11 @@ def run_convert_grid(base: ConvertConfig, features: Sequence[int], seeds: Sequen
                     runs.append((f"{variant}-M{m}-s{seed}", cfg))
     results = []
     for name, cfg in runs:
-        run_dir = out / "grid" / name
-        if (run_dir / "result.json").is_file():
-            res = json.loads((run_dir / "result.json").read_text())
-            differ = config_diff(res.get("config"), _to_json(cfg))
+        run = Artifact(out / "grid" / name)
+        run_dir = run.root
+        if run.has_result():
+            res = run.read_result()
+            differ = config_diff(res.get("config"), config_json(cfg))
             if differ:  # a finished run is reused only with the same configuration
                 raise ValueError(f"{run_dir} holds a conversion of another configuration "
                                  f"(differs in {', '.join(differ[:6])}); use another --out or "
@@ -65,13 +67,13 @@ def run_convert_grid(base: ConvertConfig, features: Sequence[int], seeds: Sequen
     # (earlier invocations with other M, seeds, variants or lam included); runs of another
     # base configuration are left out and named
     grid_keys = {"n_features", "seed", "variant", "distill.lam"}
-    base_json, every, other = _to_json(base), [], []
-    for path in sorted((out / "grid").glob("*/result.json")):
-        res = json.loads(path.read_text())
+    base_json, every, other = config_json(base), [], []
+    for run_dir in find_results(out / "grid"):
+        res = Artifact(run_dir).read_result()
         if set(config_diff(res.get("config"), base_json)) <= grid_keys:
             every.append(res)
         else:
-            other.append(path.parent.name)
+            other.append(run_dir.name)
     if other:
         print(f"[grid] left out of the report (another base configuration): "
               f"{', '.join(other)}", flush=True)

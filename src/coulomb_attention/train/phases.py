@@ -18,8 +18,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +26,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .._validation import check_choice, check_nonnegative, check_positive
+from ..convert.capture import layer_inputs
+from ..convert.driver import langevin_setup, run_phase_a
 from ..dynamics import ParticleConfig, cycle, learn_particles
 from ..energy import (
     POTENTIALS,
@@ -38,13 +38,11 @@ from ..energy import (
     alignment_from_stats,
     alignment_stats,
     encode_labels,
-    make_potential,
 )
-from .capture import layer_inputs
 from .loop import EncodedDataset, collate
 
-__all__ = ["AlignConfig", "align_features", "collect_queries", "langevin_setup",
-           "probe_init_head", "run_phase_a", "sequence_features"]
+__all__ = ["AlignConfig", "align_features", "collect_queries", "probe_init_head",
+           "sequence_features"]
 
 
 @dataclass(frozen=True)
@@ -88,71 +86,6 @@ class AlignConfig(ParticleConfig):
             check_positive(name, getattr(self, name), integer=True)
         check_nonnegative("holdout", self.holdout)
         check_choice("potential", self.potential, POTENTIALS)
-
-
-def langevin_setup(config: ParticleConfig, dh: int):
-    """The particle system a phase-A config describes, for head dimension ``dh``.
-
-    ``config`` is a :class:`~coulomb_attention.dynamics.ParticleConfig` (``AlignConfig``,
-    ``DistillConfig``, ``FitConfig``): returns ``(potential, projection, schedule)``, the pair
-    potential (None when ``lam == 0``), the ball of radius ``radius * sqrt(dh)`` and the cosine
-    step-size schedule ``eta -> eta_end`` over ``steps``.
-    """
-    potential = (make_potential(config.potential, s=config.s, eps=config.eps, dim=dh)
-                 if config.lam > 0 else None)
-    return potential, config.projection(dh), config.schedule()
-
-
-def run_phase_a(
-    layer_indices: Iterable[int],
-    fit_layer: Callable[[int], list[dict[str, Any]]],
-    *,
-    generator: torch.Generator | None = None,
-    resume: dict[str, Any] | None = None,
-    on_layer_done: Callable[[int, list[dict], torch.Tensor], None] | None = None,
-) -> list[dict[str, Any]]:
-    """The one phase-A driver: fit the particles of the given layers in order, with one
-    checkpoint hook after each layer and one way to resume.
-
-    Every phase A (label alignment :func:`align_features`, attention distillation
-    ``train.distill.distill_attention``, MQAR's token-pair and teacher-route fits in
-    ``train.recall`` / ``train.recall_teacher``) supplies only ``fit_layer``; the loop over
-    layers, the timing, the checkpoint and the resume live here.
-
-    Parameters
-    ----------
-    layer_indices : the layers, in order (a layer ``fit_layer`` skips returns ``[]``)
-    fit_layer : ``fit_layer(li) -> records`` of layer ``li``; moves its ``omega`` in place
-    generator : the run's generator (its state is checkpointed and restored on resume)
-    resume : ``{"next_layer", "records", "generator_state"}`` from ``on_layer_done``: layers
-        before ``next_layer`` are skipped and the run continues exactly as if uninterrupted
-    on_layer_done : ``on_layer_done(next_layer, records, generator_state)`` after every layer
-
-    Returns
-    -------
-    list of dict: all layers' records, each with ``time_s`` (its layer's wall time)
-    """
-    records: list[dict[str, Any]] = []
-    start = 0
-    if resume is not None:
-        if generator is None:
-            raise ValueError("resuming phase A needs the run's generator")
-        records = [dict(r) for r in resume["records"]]
-        start = int(resume["next_layer"])
-        generator.set_state(resume["generator_state"])
-    for li in layer_indices:
-        if li < start:
-            continue
-        t0 = time.perf_counter()
-        layer_records = fit_layer(li)
-        elapsed = time.perf_counter() - t0
-        for r in layer_records:
-            r["time_s"] = elapsed
-        records.extend(layer_records)
-        if on_layer_done is not None:
-            on_layer_done(li + 1, records,
-                          generator.get_state() if generator is not None else None)
-    return records
 
 
 def collect_queries(

@@ -12,7 +12,7 @@ model's logits are handed to it channel-first, ``(B, vocab, T)``, with targets `
 
 Phase A (token level). For the last attention layer (the retrieval layer; earlier layers,
 if any, keep their features), with ``h`` its input (the capture hook
-:func:`~coulomb_attention.train.capture.layer_inputs`), ``q = layer.queries(h)`` at the query
+:func:`~coulomb_attention.convert.capture.layer_inputs`), ``q = layer.queries(h)`` at the query
 positions and ``k = layer.keys(h)`` at every position: the data term is
 :class:`~coulomb_attention.energy.token_pair.TokenPairAlignment` with the retrieval positions
 of the generator as target (which key each query must read), the pairs restricted to
@@ -46,15 +46,16 @@ from torch import nn
 
 from .._validation import check_choice, check_positive
 from ..config import to_dict
+from ..convert.capture import layer_inputs
+from ..convert.driver import langevin_setup, run_phase_a
 from ..data.mqar import IGNORE, MQARConfig, MQARData, make_mqar
 from ..dynamics import cycle, learn_particles
 from ..energy import Hamiltonian
 from ..energy.token_pair import TokenPairAlignment, token_pair_stats
 from ..nn.attention import ATTENTION_FEATURES, trainable_omega
 from ..nn.recall import RecallModel, RecallModelConfig
-from .capture import layer_inputs
 from .loop import Runtime, TrainConfig, fit
-from .phases import AlignConfig, langevin_setup, run_phase_a
+from .phases import AlignConfig
 from .recall_levels import RECALL_LEVELS
 from .recall_teacher import (
     OBJECTIVES,

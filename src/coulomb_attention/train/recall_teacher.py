@@ -50,13 +50,13 @@ import torch
 from torch import nn
 
 from .._validation import check_choice, check_positive
+from ..convert.capture import layer_inputs
+from ..convert.driver import langevin_setup, run_phase_a
 from ..data.mqar import MQARData
 from ..dynamics import ParticleConfig, fit_particles, subsample_trace
 from ..dynamics.diagnostics import particle_diagnostics
 from ..energy import POTENTIALS, Hamiltonian, TeacherAttention, TeacherBatch, per_head
 from ..nn.attention import use_hedgehog_map_
-from .capture import layer_inputs
-from .phases import langevin_setup, run_phase_a
 
 __all__ = ["FIT_METHODS", "OBJECTIVES", "RecallFitConfig", "fit_recall_omega",
            "load_teacher_weights_", "omega_diagnostics", "teacher_batches"]

@@ -8,7 +8,7 @@ Stages (each resumable after a kill; checkpoints under ``OUT/ckpt/``)::
     warm-up   cross-entropy, fixed features                        OUT/ckpt/warmup/
     phase A   particles of every attention layer, layer by layer    OUT/ckpt/aligned/
               objective "labels": kernel-target alignment + repulsion (train.phases)
-              objective "teacher": the model's own softmax attention (train.distill)
+              objective "teacher": the model's own softmax attention (convert.distill)
     probe     optional: the head fitted by logistic regression (LP-FT)
     phase B   cross-entropy, particles frozen                       OUT/ckpt/finetune/
     evaluate  evaluation split, corruptions, AdvGLUE                OUT/metrics.json
@@ -35,6 +35,8 @@ import torch
 
 from .._validation import check_choice, check_nonnegative, check_positive
 from ..config import deep_merge, from_dict, override, to_dict
+from ..convert import Conversion, cached_conversion, conversion_of_run, load_conversion
+from ..convert.distill import DistillConfig, distill_attention
 from ..data import DATASETS, build_tokenizer, load_task, resolve_data_dir
 from ..nn.attention import ATTENTION_FEATURES
 from ..nn.model import ModelConfig, TransformerClassifier
@@ -46,7 +48,6 @@ from .checkpoint import (
     save_model_file,
     save_phase_a_partial,
 )
-from .distill import DistillConfig, distill_attention
 from .evaluate import RobustConfig, evaluate, metrics_of
 from .loop import EncodedDataset, Runtime, TrainConfig, fit, predict_proba
 from .phases import AlignConfig, align_features, probe_init_head
@@ -291,9 +292,9 @@ def needs_conversion(config: RunConfig) -> bool:
             and not converted_particles(config.encoder, config.attention))
 
 
-def _build_model(config: RunConfig, tokenizer, num_labels: int, source: Path | None = None):
+def _build_model(config: RunConfig, tokenizer, num_labels: int, source=None):
     """The model and the config with its data-dependent fields resolved; ``source`` (a
-    converted checkpoint) replaces a pretrained ``config.encoder`` as the weights."""
+    converted encoder in memory) replaces a pretrained ``config.encoder`` as the weights."""
     gen = torch.Generator().manual_seed(int(config.seed))
     if config.encoder != "scratch":
         from ..nn.pretrained import load_pretrained_encoder
@@ -370,46 +371,46 @@ def _phase_a(model, config: RunConfig, train_set: EncodedDataset, a_dir: Path,
     return records, time_s
 
 
-def _conversion(config: RunConfig, converted: str | Path | None) -> dict[str, Any] | None:
-    """Phase A of a pretrained encoder with the teacher objective: the conversion directory
-    ``converted``, checked against ``config`` (map, ``M``, seed, distillation)."""
+def _conversion(config: RunConfig, converted, convert_cache, runtime: Runtime, data_dir,
+                log) -> Conversion | None:
+    """Phase A of a pretrained encoder with the teacher objective: the conversion, in memory
+    (``converted``: a :class:`~coulomb_attention.convert.Conversion` or its directory; else
+    made, or reused, under ``convert_cache``), checked against ``config`` (map, ``M``, seed,
+    distillation)."""
     route = (config.encoder != "scratch" and config.kernel == "learned"
              and config.objective == "teacher")
     if config.kernel == "vanilla" and converted_particles(config.encoder, config.attention):
         raise ValueError(f"{config.encoder} holds learned {config.attention} particles: use "
                          "--kernel learned to fine-tune them, or the original encoder for "
                          "fresh (vanilla) ones")
+    if converted is None and convert_cache is not None and needs_conversion(config):
+        with runtime.main_process_first():  # rank 0 converts, the others then reuse it
+            converted = cached_conversion(conversion_of_run(config), convert_cache,
+                                          data_dir=data_dir,
+                                          progress=runtime.progress and runtime.is_main,
+                                          log=log)
     if converted is None:
         if needs_conversion(config):
             raise ValueError("phase A of a pretrained encoder with the teacher objective is "
-                             "the conversion: pass its directory (converted=; the train and "
-                             "minilm commands make it, cached, with --convert-cache)")
+                             "the conversion: pass convert_cache= (the train and minilm "
+                             "commands' --convert-cache) or a conversion (converted=)")
         return None
     if not route:
         raise ValueError("converted= is phase A of a pretrained encoder with --kernel learned "
                          f"--objective teacher, not of encoder={config.encoder!r} kernel="
                          f"{config.kernel!r} objective={config.objective!r}")
-    d = Path(converted)
-    if not (d / "result.json").is_file() or not (d / "checkpoint" / "config.json").is_file():
-        raise FileNotFoundError(f"{d} is not a finished conversion (no result.json or "
-                                "checkpoint/config.json)")
-    result = json.loads((d / "result.json").read_text(encoding="utf-8"))
-    c = result["config"]
-    method = "hedgehog" if c["variant"] == "hedgehog" else c["distill"]["method"]
+    conv = converted if isinstance(converted, Conversion) else load_conversion(converted)
+    c = conv.config
+    method = "hedgehog" if c.variant == "hedgehog" else c.distill.method
     want = {"feature_map": config.attention, "n_features": config.model.n_features,
             "seed": config.seed, "method": config.distill.method}
-    have = {"feature_map": c["feature_map"], "n_features": c["n_features"], "seed": c["seed"],
+    have = {"feature_map": c.feature_map, "n_features": c.n_features, "seed": c.seed,
             "method": method}
     if want != have:
         diff = ", ".join(f"{k} {have[k]!r} (run: {want[k]!r})" for k in want
                          if want[k] != have[k])
-        raise ValueError(f"conversion {d} does not match the run: {diff}")
-    records = []
-    if (d / "records.jsonl").is_file():
-        records = [json.loads(line) for line in
-                   (d / "records.jsonl").read_text(encoding="utf-8").splitlines() if line]
-    return {"dir": str(d), "checkpoint": d / "checkpoint", "config": c, "records": records,
-            "time_s": float(result.get("distill_s", 0.0)), "refine": result.get("refine")}
+        raise ValueError(f"conversion {conv.directory} does not match the run: {diff}")
+    return conv
 
 
 def copy_warmup(src_run: Path, dst_run: Path, config: RunConfig) -> None:
@@ -490,7 +491,8 @@ def run(
     data_dir=None,
     resume: bool | str = False,
     warmup_from: str | Path | None = None,
-    converted: str | Path | None = None,
+    converted: Conversion | str | Path | None = None,
+    convert_cache: str | Path | None = None,
     log=print,
 ) -> dict[str, Any]:
     """Run every stage of one configuration and write ``OUT/metrics.json``.
@@ -508,11 +510,13 @@ def run(
         the log says which (``resuming OUT after ...`` / ``nothing to resume in OUT``).
     warmup_from : a run directory whose finished warm-up (same :func:`warmup_config`) is
         copied instead of recomputed
-    converted : phase A of a pretrained encoder with the teacher objective: the directory of
-        the conversion (``coulomb-attention convert``, or
-        :func:`coulomb_attention.convert.cached_conversion` of
-        :func:`~coulomb_attention.convert.conversion_of_run`), whose particles the run starts
-        from; required for that route (the conversion has one implementation)
+    converted : phase A of a pretrained encoder with the teacher objective: the conversion
+        (a :class:`~coulomb_attention.convert.Conversion` in memory, or the directory of a
+        finished ``coulomb-attention convert``), whose particles the run starts from
+    convert_cache : else, where that conversion
+        (:func:`~coulomb_attention.convert.conversion_of_run` of ``config``) is made, or reused
+        when finished (:func:`coulomb_attention.convert.cached_conversion`); one of the two is
+        required for that route (the conversion has one implementation)
     log : one-line progress messages (rank 0 only)
 
     Returns
@@ -561,9 +565,9 @@ def run(
             adv = load_task(config.task, "advglue", data_dir)
     with runtime.main_process_first():  # rank 0 writes the tokenizer cache, the others then read it
         tokenizer = _tokenizer(config, train.texts, out, warmup_from)
-    conversion = _conversion(config, converted)
+    conversion = _conversion(config, converted, convert_cache, runtime, data_dir, log)
     model, config = _build_model(config, tokenizer, spec.num_labels,
-                                 conversion["checkpoint"] if conversion else None)
+                                 conversion.model if conversion else None)
     max_len = config.data.max_length
     train_set, ev_set = _encode(tokenizer, train, max_len), _encode(tokenizer, ev, max_len)
     adv_set = _encode(tokenizer, adv, max_len) if adv is not None else None
@@ -593,8 +597,8 @@ def run(
         history["warmup"] = res.history
     alignment: list[dict] = []
     if conversion is not None:  # phase A was the conversion (its own directory and time)
-        alignment, timings["phase_a_s"] = conversion["records"], conversion["time_s"]
-        log(f"[{name}] phase A: the conversion {conversion['dir']}")
+        alignment, timings["phase_a_s"] = conversion.records, conversion.time_s
+        log(f"[{name}] phase A: the conversion {conversion.directory}")
     elif config.kernel == "learned" and converted_particles(config.encoder, config.attention):
         log(f"[{name}] phase A: the particles of the converted encoder {config.encoder}")
     elif config.kernel == "learned":
@@ -637,7 +641,8 @@ def run(
         "kernel": config.kernel,
         "seed": config.seed,
         "conversion": None if conversion is None else {
-            k: conversion[k] for k in ("dir", "config", "time_s", "refine")},
+            "dir": str(conversion.directory), "config": conversion.result["config"],
+            "time_s": conversion.time_s, "refine": conversion.result.get("refine")},
         "eval_split": ev.split,
         "eval_source": ev.source,
         "eval_description": getattr(ev, "description", ""),

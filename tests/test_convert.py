@@ -1,4 +1,4 @@
-"""Converting a pretrained encoder by attention distillation (train.distill, convert,
+"""Converting a pretrained encoder by attention distillation (convert.distill, convert,
 commands.convert, nn.pretrained save/load) on tiny random BERT checkpoints."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from coulomb_attention.convert import ConvertConfig, convert_encoder, embedding_fidelity
+from coulomb_attention.convert.distill import (
+    DistillConfig,
+    capture_teacher_batches,
+    distill_attention,
+)
 from coulomb_attention.energy import TeacherAttention
 from coulomb_attention.features import hedgehog_features
 from coulomb_attention.nn.pretrained import (
     load_pretrained_encoder,
     load_pretrained_tokenizer,
     save_pretrained_encoder,
-)
-from coulomb_attention.train.distill import (
-    DistillConfig,
-    capture_teacher_batches,
-    distill_attention,
 )
 from test_pretrained import TINY, write_tiny_bert
 
@@ -181,13 +181,13 @@ def test_convert_run_resumes_and_cli_errors(tiny_dir, tmp_path, capsys):
                         probe_tasks=("sst2",), probe_train=40, probe_eval=30)
     out = tmp_path / "run"
     # an interrupted run: layer 0 finished, its state on disk
-    import coulomb_attention.convert as conv
+    import coulomb_attention.convert.pipeline as conv
 
     calls = []
     orig = conv._save_progress
 
-    def save_then_stop(state_dir, model, next_layer, records, gen_state, config):
-        orig(state_dir, model, next_layer, records, gen_state, config)
+    def save_then_stop(art, model, next_layer, records, gen_state, config):
+        orig(art, model, next_layer, records, gen_state, config)
         calls.append(next_layer)
         raise KeyboardInterrupt
 
@@ -500,7 +500,7 @@ def test_convert_evaluate_measures_a_finished_conversion_again(tiny_dir, tmp_pat
     cfg = ConvertConfig(encoder=str(tiny_dir), n_features=6, sentences_file=str(sent),
                         max_length=16, distill=_cfg(steps=3, refine_steps=0), eval_sentences=8,
                         probe_tasks=(), window=4)
-    d = cached_conversion(cfg, tmp_path / "cache", log=lambda *_: None)
+    d = cached_conversion(cfg, tmp_path / "cache", log=lambda *_: None).directory
     before = json.loads((d / "result.json").read_text())
     assert "fidelity" not in before and config_of_result(before["config"]) == cfg
     weights = (d / "checkpoint" / "model.safetensors").read_bytes()
@@ -513,7 +513,8 @@ def test_convert_evaluate_measures_a_finished_conversion_again(tiny_dir, tmp_pat
     assert res["fidelity"]["n"] == 6 and list(res["documents"]["lengths"]) == ["20"]
     assert res["evaluation"]["doc_lengths"] == [20] and res["config"] == before["config"]
     assert (d / "checkpoint" / "model.safetensors").read_bytes() == weights
-    assert cached_conversion(cfg, tmp_path / "cache", log=lambda *_: None) == d  # still its key
+    # still its key
+    assert cached_conversion(cfg, tmp_path / "cache", log=lambda *_: None).directory == d
     again = evaluate_conversion(d, {"eval_sentences": 6})  # deterministic
     assert again["fidelity"] == res["fidelity"] and "documents" not in again
     for argv, msg in [(["--out", str(tmp_path / "none")], "no finished conversion"),
@@ -527,12 +528,8 @@ def test_convert_evaluate_measures_a_finished_conversion_again(tiny_dir, tmp_pat
 def test_pairs_distil_a_pair_task_whole_and_keep_the_cache_keys(tiny_dir, tmp_path):
     """``convert --pairs``: QQP's training pairs stay whole ([CLS] a [SEP] b [SEP]) while
     single-sentence tasks are unchanged; configurations without it keep their cache keys."""
-    from coulomb_attention.convert import (
-        _encode_texts,
-        _to_json,
-        conversion_key,
-        load_sentences,
-    )
+    from coulomb_attention.convert import config_json, conversion_key, load_sentences
+    from coulomb_attention.convert.data import encode_texts
     from coulomb_attention.train.run import checkpoint_config
 
     single = load_sentences(("qqp",), "train", None, 12, 0)
@@ -542,14 +539,14 @@ def test_pairs_distil_a_pair_task_whole_and_keep_the_cache_keys(tiny_dir, tmp_pa
     assert tuples and all(len(t) == 2 and all(s.strip() for s in t) for t in tuples)
     assert any(isinstance(t, str) for t in whole)  # SST-2's sentences stay sentences
     tok = load_pretrained_tokenizer(tiny_dir)
-    ids, mask = _encode_texts(tok, tuples + ["good fun"], 32)
+    ids, mask = encode_texts(tok, tuples + ["good fun"], 32)
     seps = (ids == tok.sep_id).sum(1)
     assert seps[:-1].eq(2).all() and seps[-1] == 1, seps
     # the field is absent from the key of every configuration without it (old caches hold)
     plain = ConvertConfig()
-    assert "pairs" not in _to_json(plain)["distill"]
+    assert "pairs" not in config_json(plain)["distill"]
     paired = ConvertConfig(distill=DistillConfig(pairs=True))
-    assert _to_json(paired)["distill"]["pairs"] is True
+    assert config_json(paired)["distill"]["pairs"] is True
     assert conversion_key(paired) != conversion_key(plain)
     assert "pairs" not in checkpoint_config({"distill": {"method": "adam", "pairs": False}})[
         "distill"]
