@@ -462,3 +462,88 @@ def test_the_transport_check_catches_the_old_second_step():
            "meanfield/solver.py": step.format(name="elsewhere")}
     assert sorted(_transport_steps(old)) == [("dynamics/langevin.py", "step_fn"),
                                              ("dynamics/weighted.py", "step_fn")]
+
+
+# ------------------------------------------------------------------ one conversion directory
+# A conversion directory's layout is known in one module, convert/artifact.py (issue 46): every
+# other module reaches result.json, checkpoint/, lowrank/, hf/ and the resume state through
+# convert.artifact.Artifact.
+#
+# What counts: a path join, i.e. ``a / b`` with a string operand, or a call of ``join``,
+# ``joinpath``, ``glob`` or ``rglob`` with string arguments, whose strings (split on "/", so
+# "*/result.json" and "lowrank/checkpoint" count) name an entry of CONVERSION_ENTRIES.
+# ``records.jsonl``, ``speed.json`` and ``generator.safetensors`` are left out: other
+# directories (the ablation's records, an export's speed table, train/checkpoint.py's phase-A
+# state) hold files of those names. On 73701fd, before convert/ was a package, the check finds
+# 44 path joins in 8 modules and fails on 42 of them (convert.py 21, commands/convert.py 9,
+# train/run.py 4, studies/convert_grid.py 3, export/hf.py 2, reports/convert.py 2,
+# studies/ablation_convert.py 1; nn/bert.py's 2 are the allowed entry); shown by running
+# _conversion_paths over that commit's src/ (git worktree), and here on excerpts of it.
+
+#: the entries of a conversion directory (convert/artifact.py's names)
+CONVERSION_ENTRIES = {"result.json", "checkpoint", "lowrank", "hf", "state", "progress.json",
+                      "omega.safetensors"}
+_JOIN_CALLS = {"join", "joinpath", "glob", "rglob"}
+
+#: path joins with a conversion entry's name outside convert/artifact.py, each with its reason
+ALLOWED_CONVERSION_PATHS = {
+    ("nn/bert.py", "path / 'checkpoint'"): "resolve_checkpoint_dir accepts convert's OUT "
+    "directory where a checkpoint is named (OUT/checkpoint); nn lies below convert, so it "
+    "cannot ask the artifact",
+}
+
+
+def _conversion_paths(sources: dict[str, str]) -> list[tuple[str, str]]:
+    """``(path, source text)`` of every path join naming a conversion entry, outside
+    convert/artifact.py, in ``{relative path: source}``."""
+    found = []
+    for rel, source in sources.items():
+        if rel == "convert/artifact.py":
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+                parts = [n.value for n in (node.left, node.right)
+                         if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in _JOIN_CALLS:
+                parts = [a.value for a in node.args
+                         if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            else:
+                continue
+            if {c for p in parts for c in p.split("/")} & CONVERSION_ENTRIES:
+                found.append((rel, ast.unparse(node)))
+    return found
+
+
+def test_only_the_artifact_opens_a_conversion_directory():
+    bad = [f"{rel}: {src} (use coulomb_attention.convert.artifact.Artifact)"
+           for rel, src in _conversion_paths(_sources())
+           if (rel, src) not in ALLOWED_CONVERSION_PATHS]
+    assert not bad, "a conversion directory opened outside convert/artifact.py:\n" + \
+        "\n".join(sorted(set(bad)))
+
+
+def test_the_conversion_directory_check_catches_the_old_readers():
+    # excerpts of 73701fd: train/run.py's re-parse, studies/convert_grid.py's glob,
+    # commands/convert.py's export paths, os.path.join; the artifact itself is exempt
+    old = {
+        "train/run.py": "if not (d / 'result.json').is_file() or not "
+                        "(d / 'checkpoint' / 'config.json').is_file():\n    pass\n",
+        "studies/convert_grid.py": "for p in sorted((out / 'grid').glob('*/result.json')):\n"
+                                   "    pass\n",
+        "commands/convert.py": "low = out / 'lowrank'\nx = os.path.join(out, 'hf')\n",
+        "convert/artifact.py": "p = root / 'result.json'\n",
+        "reports/ablation.py": "p = out / 'records.jsonl'\n",
+    }
+    assert sorted(_conversion_paths(old)) == [
+        ("commands/convert.py", "os.path.join(out, 'hf')"),
+        ("commands/convert.py", "out / 'lowrank'"),
+        ("studies/convert_grid.py", "(out / 'grid').glob('*/result.json')"),
+        ("train/run.py", "d / 'checkpoint'"),
+        ("train/run.py", "d / 'result.json'"),
+    ]
+
+
+def test_every_allowed_conversion_path_still_exists():
+    stale = set(ALLOWED_CONVERSION_PATHS) - set(_conversion_paths(_sources()))
+    assert not stale, f"allow-list entries that no longer occur: {sorted(stale)}"

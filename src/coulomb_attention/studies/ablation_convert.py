@@ -252,6 +252,7 @@ def run(spec: dict[str, Any], *, run_dir: str | Path | None = None,
     import torch
 
     from ..convert import embed, embedding_fidelity, load_sentences
+    from ..convert.artifact import Artifact
     from ..convert.distill import distill_attention, refine_encoder, split_examples
     from ..nn.pretrained import (
         load_pretrained_encoder,
@@ -291,7 +292,7 @@ def run(spec: dict[str, Any], *, run_dir: str | Path | None = None,
     ckpt = None
     if run_dir is not None:
         ckpt = save_pretrained_encoder(
-            model, Path(run_dir) / "checkpoint", vocab_from=directory,
+            model, Artifact(run_dir).checkpoint, vocab_from=directory,
             extra={"variant": variant, "params": spec["params"], "seed": seed,
                    "arena": ARENA, "setting": spec["setting"]})
     fid = embedding_fidelity(embed(teacher, tok, held, budget.max_length),
