@@ -7,7 +7,9 @@
   (argument, ``$COULOMB_DATA_DIR``, else the shipped samples; ``"hf"`` = the hub).
 - :func:`build_tokenizer` / :class:`Tokenizer`: WordPiece (HF ``tokenizers``), cached as JSON.
 - :func:`corrupt_tokens`: deletion / ``[UNK]`` substitution / adjacent swaps.
-- :func:`pseudo_documents`: held-out texts concatenated to a fixed token length.
+- :func:`pseudo_documents`: held-out texts concatenated to a fixed token length;
+  :func:`long_texts` / :func:`token_documents`: long works (Shakespeare) cut into token
+  windows for causal language models.
 - :mod:`.synthetic`: synthetic classification tasks (numpy only); :mod:`.mqar`: associative
   recall sequences.
 
@@ -22,6 +24,7 @@ import importlib
 _HOME = {
     "CORRUPTIONS": "corruption", "corrupt_tokens": "corruption",
     "document_texts": "documents", "pseudo_documents": "documents",
+    "LONG_TEXTS": "documents", "long_texts": "documents", "token_documents": "documents",
     "EXTENSIONS": "loaders", "TextExamples": "loaders", "find_split_file": "loaders",
     "load_task": "loaders", "read_rows": "loaders",
     "ADVERSARIAL_SPLIT": "registry", "DATA_DIR_ENV": "registry", "DATASETS": "registry",

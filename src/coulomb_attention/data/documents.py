@@ -17,7 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["document_texts", "pseudo_documents"]
+__all__ = ["LONG_TEXTS", "document_texts", "long_texts", "pseudo_documents", "token_documents"]
+
+#: The long-text corpus of causal language models: ``<data_dir>/shakespeare/<split>.jsonl.gz``
+#: (one work per row, column ``text``; splits by work), a sample shipped in ``data/samples``.
+LONG_TEXTS = "shakespeare"
 
 
 def document_texts(task: str, data_dir=None) -> list[str]:
@@ -82,3 +86,85 @@ def pseudo_documents(tokenizer, texts: Sequence[str], length: int, n: int, seed:
                            f"expected ({n}, {length}) full")
     return ids, mask, {"texts_per_document": float(np.mean(per_doc)), "texts_used": len(used),
                        "reused": reused}
+
+
+def long_texts(split: str, data_dir=None, path=None) -> tuple[list[str], str]:
+    """Long documents for causal language models, one string per work.
+
+    Parameters
+    ----------
+    split : ``train``, ``validation`` or ``test`` (splits by work, never within one)
+    data_dir : folder holding ``shakespeare/<split>.jsonl.gz``; ``None``: the small sample
+        shipped with the package (smoke tests only; the returned source says so)
+    path : a user's own texts instead: a ``.jsonl``/``.jsonl.gz`` file with a ``text`` column,
+        or a plain text file (one document)
+
+    Returns
+    -------
+    (texts, source): the texts in file order and a description of where they came from
+    (``"sample: ..."`` for the shipped sample).
+    """
+    import pathlib
+
+    from .loaders import read_rows
+
+    if split not in ("train", "validation", "test"):
+        raise ValueError(f"unknown split {split!r}; valid: test, train, validation")
+    if path is not None:
+        p = pathlib.Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"texts file {str(p)!r} does not exist")
+        if p.name.endswith((".jsonl", ".jsonl.gz")):
+            texts = []
+            for i, row in read_rows(p):
+                if "text" not in row:
+                    raise ValueError(f"{p}: row {i} has no 'text' column")
+                texts.append(str(row["text"]))
+        else:
+            texts = [p.read_text(encoding="utf-8")]
+        source = str(p)
+    else:
+        sample = data_dir is None
+        root = (pathlib.Path(__file__).parent / "samples" if sample
+                else pathlib.Path(data_dir))
+        f = root / LONG_TEXTS / f"{split}.jsonl.gz"
+        if not f.is_file():
+            raise FileNotFoundError(f"no long texts for split {split!r}: {f} does not exist "
+                                    f"(expected <data-dir>/{LONG_TEXTS}/{split}.jsonl.gz)")
+        texts = [str(row["text"]) for _, row in read_rows(f)]
+        source = (f"sample: {f} (the first 24,000 characters of a few works; smoke tests "
+                  "only)" if sample else str(f))
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise ValueError(f"no text in {source}")
+    return texts, source
+
+
+def token_documents(tokenizer, texts: Sequence[str], length: int, n: int | None = None,
+                    bos: int | None = None) -> torch.Tensor:
+    """Consecutive, non-overlapping windows of ``length`` tokens cut from each text in order
+    (a window never spans two texts; a text's tail shorter than ``length`` is dropped), the
+    first ``n`` (``None``: all). ``bos``: a token id put first in each window (then
+    ``length - 1`` text tokens follow).
+
+    ``tokenizer`` is a ``tokenizers.Tokenizer`` (``encode(text).ids``) or has
+    ``encode(text) -> list[int]``. Returns a LongTensor ``(n_docs, length)``; raises
+    ``ValueError`` when no text holds ``length`` tokens.
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+        raise ValueError(f"length must be an integer >= 2, got {length!r}")
+    body = length - (bos is not None)
+    docs = []
+    for text in texts:
+        enc = tokenizer.encode(text)
+        ids = list(getattr(enc, "ids", enc))
+        for start in range(0, len(ids) - body + 1, body):
+            doc = ids[start:start + body]
+            docs.append(([bos] if bos is not None else []) + doc)
+            if n is not None and len(docs) >= n:
+                return torch.tensor(docs, dtype=torch.long)
+    if not docs:
+        longest = max(len(list(getattr(tokenizer.encode(t), "ids", tokenizer.encode(t))))
+                      for t in texts)
+        raise ValueError(f"no text holds {length} tokens (the longest has {longest})")
+    return torch.tensor(docs, dtype=torch.long)
