@@ -1,6 +1,7 @@
 """The llama family: our decoder against transformers' on tiny random models (HF directory and
 a GGUF written in llama.cpp's convention), the KV cache against one full forward, the softmax
-core against a naive quadratic twin, the readers' errors, and SmolLM2-135M when installed."""
+attention (grouped heads, rotary hook, cache) against a naive quadratic twin, the readers'
+errors, and SmolLM2-135M when installed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from coulomb_attention.nn.families import get_family
 from coulomb_attention.nn.families.llama import (
     LlamaConfig,
     LlamaForCausalLM,
-    SoftmaxCore,
+    make_attention,
     _permute_rotary,
     _unpermute_rotary,
     from_pretrained,
@@ -177,23 +178,45 @@ def test_hf_directory_matches_transformers(tmp_path, tied):
         torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
 
 
-def test_softmax_core_matches_naive_gqa():
+def test_sharded_hf_directory(tmp_path):
+    hf = hf_tiny(False, seed=2)
+    hf.save_pretrained(tmp_path, max_shard_size="20KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    ids = ids_for(1, 8)
+    torch.testing.assert_close(from_pretrained(tmp_path)(ids), hf_logits(hf, ids), atol=1e-4,
+                               rtol=0)
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(FileNotFoundError, match=shard.name):
+        from_pretrained(tmp_path)
+
+
+def test_softmax_attention_with_cache_matches_naive_gqa():
+    """The loaded model's attention (KernelAttention softmax, 6 query / 2 KV heads, rotary
+    hook): a prefill of s tokens then t more through the KV cache == the naive quadratic twin
+    on the rotated heads."""
+    cfg = tiny_config(num_heads=6, num_kv_heads=2, head_dim=8, hidden_size=48)
+    attn = make_attention(cfg)
     g = torch.Generator().manual_seed(0)
-    b, hq, hkv, s, t, dh = 2, 6, 2, 5, 4, 8
-    q = torch.randn(b, hq, t, dh, generator=g)
-    k, v = torch.randn(b, hkv, s + t, dh, generator=g), torch.randn(b, hkv, s + t, dh, generator=g)
-    core = SoftmaxCore()
-    out, (kc, vc) = core(q, k[:, :, s:], v[:, :, s:], (k[:, :, :s], v[:, :, :s]))
-    assert torch.equal(kc, k) and torch.equal(vc, v)
-    assert core.state_bytes((kc, vc)) == 2 * b * hkv * (s + t) * dh * 4
-    assert core.state_bytes(None) == 0
-    ref = torch.empty_like(out)  # naive twin: loops over heads and queries
+    b, s, t, hq, hkv, dh = 2, 5, 4, 6, 2, 8
+    x = torch.randn(b, s + t, 48, generator=g)
+    with torch.no_grad():
+        _, st = attn(x[:, :s], output_state=True)
+        out, st = attn(x[:, s:], state=st, output_state=True)
+        rot = attn.position
+        q = rot(attn.q_proj(x).view(b, s + t, hq, dh).transpose(1, 2), 0)
+        k = rot(attn.k_proj(x).view(b, s + t, hkv, dh).transpose(1, 2), 0)
+        v = attn.v_proj(x).view(b, s + t, hkv, dh).transpose(1, 2)
+    assert st.position == s + t and st.nbytes() == 2 * b * hkv * (s + t) * dh * 4
+    ref = torch.empty(b, hq, t, dh)  # naive twin: loops over heads and queries
     for h in range(hq):
         kv = h // (hq // hkv)
         for i in range(t):
             n = s + i + 1  # query i sits at absolute position s + i
-            scores = torch.einsum("bd,bnd->bn", q[:, h, i], k[:, kv, :n]) / math.sqrt(dh)
+            scores = torch.einsum("bd,bnd->bn", q[:, h, s + i], k[:, kv, :n]) / math.sqrt(dh)
             ref[:, h, i] = torch.einsum("bn,bnd->bd", scores.softmax(-1), v[:, kv, :n])
+    ref = attn.out_proj(ref.transpose(1, 2).reshape(b, t, 48))
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
 
 
@@ -207,24 +230,24 @@ def test_kv_cache_decoding_equals_one_forward(chunk):
         parts = [logits]
         pos = 10
         if chunk > 1:  # a multi-token chunk after the prefill, then single tokens
-            logits, states = model(ids[:, pos: pos + chunk], states, start=pos,
+            logits, states = model(ids[:, pos: pos + chunk], states=states,
                                    output_states=True)
             parts.append(logits)
             pos += chunk
         while pos < 25:
-            logits, states = model(ids[:, pos: pos + 1], states, start=pos, output_states=True)
+            logits, states = model(ids[:, pos: pos + 1], states=states, output_states=True)
             parts.append(logits)
             pos += 1
-    assert len(states) == 2 and states[0][0].shape == (2, 2, 25, 8)
+    assert len(states) == 2 and states[0].inner.k.shape == (2, 2, 25, 8)
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=0)
     # rotary at an offset: q and k rotate, their dot products (relative positions) do not
-    attn = model.attention_layers()[0]
+    attn = model.attention_layers[0]
     with torch.no_grad():
         x = model.embed_tokens(ids[:, :10])
-        (q0, k0, v0), (q3, k3, v3) = attn.project(x, 0), attn.project(x, 3)
-        a0, a3 = attn(x, start=0)[0], attn(x, start=3)[0]
+        q0, k0, q3, k3 = attn.queries(x, 0), attn.keys(x, 0), attn.queries(x, 3), attn.keys(x, 3)
+        a0 = attn.attend(q0, k0, attn.values(x))
+        a3 = attn.attend(q3, k3, attn.values(x))
     assert (q0 - q3).abs().max() > 1e-2 and (k0 - k3).abs().max() > 1e-2
-    assert torch.equal(v0, v3)
     torch.testing.assert_close(a3, a0, atol=1e-5, rtol=0)
 
 
@@ -248,12 +271,15 @@ def test_forward_rejects_bad_input():
         model(torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match=r"\[0, 50\)"):
         model(torch.tensor([[1, 50]]))
-    with pytest.raises(ValueError, match="60 \\+ 5 = 65 exceeds max_positions = 64"):
-        model(torch.zeros(1, 5, dtype=torch.long), start=60,
+    with pytest.raises(ValueError, match="60 \\+ 5 tokens = 65 exceeds max_positions = 64"):
+        model(torch.zeros(1, 5, dtype=torch.long),
               states=model(torch.zeros(1, 60, dtype=torch.long), output_states=True)[1])
     _, states = model(torch.zeros(1, 4, dtype=torch.long), output_states=True)
-    with pytest.raises(ValueError, match="KV cache holds 4 positions but start = 3"):
-        model(torch.zeros(1, 1, dtype=torch.long), states, start=3)
+    with pytest.raises(ValueError, match="list of 2 DecodeState"):
+        model(torch.zeros(1, 1, dtype=torch.long), states=states[:1])
+    with pytest.raises(ValueError, match="takes no attention_mask"):
+        model(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool),
+              states=states)
 
 
 def test_config_validation_and_hf_dict():

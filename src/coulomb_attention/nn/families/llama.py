@@ -6,18 +6,15 @@ Hugging Face's convention, grouped-query attention, SwiGLU MLP), the readers of 
 directory (safetensors only), the writer of a Hugging Face directory, and the byte-level BPE
 tokenizer. ``transformers`` is never imported here; ``gguf`` only when a GGUF file is read.
 
-The attention seam
-------------------
-:class:`LlamaAttention` projects ``x`` to ``q`` (B, Hq, T, dh) and ``k``, ``v`` (B, Hkv, T, dh),
-rotates ``q`` and ``k`` at the absolute positions ``start .. start + T - 1`` and calls
-``self.core(q, k, v, state)``; it returns ``o_proj`` of the core's output. ``core`` is a
-replaceable submodule with the contract::
-
-    core(q, k, v, state=None) -> (out (B, Hq, T, dh), new_state)
-
-``state`` is whatever the core keeps between calls (``None`` at the start of a sequence). The
-default :class:`SoftmaxCore` is exact causal softmax attention whose state is the KV cache; the
-conversion swaps in linear attention. :meth:`LlamaForCausalLM.attention_layers` lists the sites.
+The attention sites
+-------------------
+Every block's attention is a causal :class:`~coulomb_attention.nn.KernelAttention`
+(:func:`make_attention`): ``q`` (B, Hq, T, dh), ``k``, ``v`` (B, Hkv, T, dh) with grouped KV
+heads, rotated by the position hook :class:`RotaryPosition` at the absolute positions the
+decoding state holds, then scaled (``q . k / sqrt(dh)``). As loaded it is exact softmax
+(``feature_map="softmax"``, its decoding state the KV cache); the conversion swaps in a layer of
+the same shape with particles (and a window and sinks), whose state has a constant size.
+:attr:`LlamaForCausalLM.attention_layers` lists the sites.
 """
 
 from __future__ import annotations
@@ -35,21 +32,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..attention import DecodeState, KernelAttention
+
 __all__ = [
     "GGUF_PRE_TOKENIZERS",
     "KEY_MAP",
-    "LlamaAttention",
     "LlamaBlock",
     "LlamaConfig",
     "LlamaForCausalLM",
     "LlamaMLP",
     "RMSNorm",
     "RotaryEmbedding",
-    "SoftmaxCore",
+    "RotaryPosition",
     "apply_rotary",
     "from_pretrained",
     "load",
     "load_tokenizer",
+    "make_attention",
     "rotate_half",
     "save_pretrained",
     "smollm2_path",
@@ -286,89 +285,33 @@ class RotaryEmbedding(nn.Module):
         return f"head_dim={self.head_dim}, theta={self.theta}"
 
 
-class SoftmaxCore(nn.Module):
-    """Exact causal softmax attention with a KV cache (the default attention core).
+class RotaryPosition(nn.Module):
+    """The position hook of a llama attention layer (:class:`~coulomb_attention.nn.
+    KernelAttention`'s ``position``): ``u`` (B, H, T, dh) rotated at the absolute positions
+    ``start .. start + T - 1``."""
 
-    ``forward(q, k, v, state=None) -> (out, (k_cache, v_cache))`` with ``q`` (B, Hq, T, dh),
-    ``k``, ``v`` (B, Hkv, T, dh), ``out`` (B, Hq, T, dh). The state is the KV cache: a tuple
-    of (B, Hkv, S, dh) tensors, to which the new keys and values are concatenated. The T new
-    queries see all S cached keys and the causal part of the new ones; scale ``1 / sqrt(dh)``;
-    query head ``h`` uses KV head ``h // (Hq // Hkv)``.
-    """
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                state: tuple[torch.Tensor, torch.Tensor] | None = None,
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        hq, hkv, t = q.shape[1], k.shape[1], q.shape[2]
-        if hq % hkv:
-            raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
-        if state is not None:
-            k = torch.cat((state[0], k), dim=2)  # (B, Hkv, S + T, dh)
-            v = torch.cat((state[1], v), dim=2)
-        new_state = (k, v)
-        s = k.shape[2] - t  # cached length
-        group = hq // hkv
-        if group > 1:
-            k = k.repeat_interleave(group, dim=1)  # (B, Hq, S + T, dh)
-            v = v.repeat_interleave(group, dim=1)
-        if t == 1:  # one new query sees everything
-            out = F.scaled_dot_product_attention(q, k, v)
-        elif s == 0:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # query i (absolute s + i) sees keys 0 .. s + i
-            mask = torch.ones(t, s + t, dtype=torch.bool, device=q.device).tril(diagonal=s)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return out, new_state
-
-    @staticmethod
-    def state_bytes(state: tuple[torch.Tensor, torch.Tensor] | None) -> int:
-        """Bytes held by a KV cache (0 for ``None``)."""
-        if state is None:
-            return 0
-        return sum(t.numel() * t.element_size() for t in state)
-
-
-class LlamaAttention(nn.Module):
-    """Grouped-query attention with rotary positions and a replaceable :attr:`core`.
-
-    ``forward(x (B, T, D), start, state) -> (out (B, T, D), new_state)``: ``q`` (B, Hq, T, dh)
-    and ``k``, ``v`` (B, Hkv, T, dh) are projected (no biases), ``q`` and ``k`` rotated at
-    positions ``start .. start + T - 1``, then ``self.core(q, k, v, state)`` returns
-    ``(out (B, Hq, T, dh), new_state)`` and ``o_proj`` maps it back to (B, T, D).
-    """
-
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
-        d, dh = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(d, config.num_heads * dh, bias=False)
-        self.k_proj = nn.Linear(d, config.num_kv_heads * dh, bias=False)
-        self.v_proj = nn.Linear(d, config.num_kv_heads * dh, bias=False)
-        self.o_proj = nn.Linear(config.num_heads * dh, d, bias=False)
-        self.rotary = RotaryEmbedding(dh, config.rope_theta)
-        self.core: nn.Module = SoftmaxCore()
+        self.rotary = RotaryEmbedding(head_dim, theta)
 
-    def project(self, x: torch.Tensor, start: int = 0
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``x`` (B, T, D) -> rotated ``q`` (B, Hq, T, dh), rotated ``k`` and plain ``v``
-        (B, Hkv, T, dh)."""
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = self.rotary(start, t, x.device)  # (T, dh) float32
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+    def forward(self, u: torch.Tensor, start: int) -> torch.Tensor:
+        cos, sin = self.rotary(start, u.shape[-2], u.device)  # (T, dh) float32
+        return apply_rotary(u, cos.to(u.dtype), sin.to(u.dtype))
 
-    def forward(self, x: torch.Tensor, start: int = 0, state: Any = None
-                ) -> tuple[torch.Tensor, Any]:
-        b, t, _ = x.shape
-        q, k, v = self.project(x, start)
-        out, new_state = self.core(q, k, v, state)  # (B, Hq, T, dh)
-        out = out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
-        return self.o_proj(out), new_state
+
+def make_attention(config: LlamaConfig, feature_map: str = "softmax", n_features: int = 64,
+                   generator: torch.Generator | int | None = None) -> KernelAttention:
+    """A llama attention layer: causal :class:`~coulomb_attention.nn.KernelAttention` with
+    grouped KV heads, rotary positions (the position hook), no biases; ``feature_map``
+    ``softmax`` is the pretrained model's exact attention (its state the KV cache), any map
+    with particles is a converted layer (one particle set per KV group)."""
+    if config.head_dim * config.num_heads != config.hidden_size:
+        raise ValueError(f"head_dim * num_heads = {config.head_dim} * {config.num_heads} must "
+                         f"equal hidden_size = {config.hidden_size} for this llama family")
+    return KernelAttention(config.hidden_size, config.num_heads, feature_map, n_features,
+                           share_features=False, bias=False, generator=generator, causal=True,
+                           kv_heads=config.num_kv_heads,
+                           position=RotaryPosition(config.head_dim, config.rope_theta))
 
 
 class LlamaMLP(nn.Module):
@@ -391,19 +334,29 @@ class LlamaBlock(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.attn = LlamaAttention(config)
+        self.attn = make_attention(config)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, x: torch.Tensor, start: int = 0, state: Any = None
-                ) -> tuple[torch.Tensor, Any]:
-        a, new_state = self.attn(self.attn_norm(x), start, state)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                state: DecodeState | None = None, output_state: bool = False):
+        """``x`` (B, T, D) -> (B, T, D) (and the attention's new state)."""
+        if output_state:
+            a, new_state = self.attn(self.attn_norm(x), state=state, output_state=True)
+        else:
+            a, new_state = self.attn(self.attn_norm(x), mask), None
         h = x + a
         return h + self.mlp(self.mlp_norm(h)), new_state
 
 
 class LlamaForCausalLM(nn.Module):
     """A llama decoder with a language-model head.
+
+    Its attention layers (:attr:`attention_layers`) are causal
+    :class:`~coulomb_attention.nn.KernelAttention` layers: exact softmax as loaded, linear
+    (particles, optionally a window and sinks) once converted. Every layer decodes with a state
+    (:class:`~coulomb_attention.nn.DecodeState`: the KV cache for softmax, a constant-size state
+    for the linear rows).
 
     Parameters
     ----------
@@ -429,11 +382,13 @@ class LlamaForCausalLM(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def attention_layers(self) -> list[LlamaAttention]:
-        """The attention sites, one :class:`LlamaAttention` per block, in order."""
+    @property
+    def attention_layers(self) -> list[KernelAttention]:
+        """The attention sites, one causal :class:`KernelAttention` per block, in order."""
         return [block.attn for block in self.layers]
 
-    def _check_inputs(self, input_ids: torch.Tensor, states, start: int) -> None:
+    def _check_inputs(self, input_ids: torch.Tensor, states, mask) -> int:
+        """Validate; returns the absolute position of ``input_ids[:, 0]``."""
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
         if input_ids.dtype not in (torch.int64, torch.int32):
@@ -445,27 +400,28 @@ class LlamaForCausalLM(nn.Module):
         if lo < 0 or hi >= self.config.vocab_size:
             raise ValueError(
                 f"input_ids must lie in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
-        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
-            raise ValueError(f"start must be an integer >= 0, got {start!r}")
-        t = input_ids.shape[1]
         n_layers = len(self.layers)
-        if states is not None and (not isinstance(states, (list, tuple))
-                                   or len(states) != n_layers):
-            raise ValueError(f"states must be None or a list of {n_layers} per-layer states")
-        for i, attn in enumerate(self.attention_layers()):
-            if not isinstance(attn.core, SoftmaxCore):
-                continue
-            if start + t > self.config.max_positions:
-                raise ValueError(
-                    f"start + T = {start} + {t} = {start + t} exceeds max_positions = "
-                    f"{self.config.max_positions} of the softmax attention")
-            state = None if states is None else states[i]
-            cached = 0 if state is None else state[0].shape[2]
-            if cached != start:
-                raise ValueError(
-                    f"layer {i}: the KV cache holds {cached} positions but start = {start}")
+        start = 0
+        if states is not None:
+            if not isinstance(states, (list, tuple)) or len(states) != n_layers or not all(
+                    isinstance(s, DecodeState) for s in states):
+                raise ValueError(f"states must be None or a list of {n_layers} DecodeState "
+                                 "(from a call with output_states=True)")
+            start = states[0].position
+            if any(s.position != start for s in states):
+                raise ValueError("the per-layer states disagree on the position")
+            if mask is not None:
+                raise ValueError("decoding with states takes no attention_mask")
+        t = input_ids.shape[1]
+        if start + t > self.config.max_positions and any(
+                a.feature_map == "softmax" for a in self.attention_layers):
+            raise ValueError(
+                f"position {start} + {t} tokens = {start + t} exceeds max_positions = "
+                f"{self.config.max_positions} of the softmax attention")
+        return start
 
-    def forward(self, input_ids: torch.Tensor, states: list | None = None, start: int = 0,
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                states: list[DecodeState] | None = None,
                 output_states: bool = False) -> torch.Tensor | tuple[torch.Tensor, list]:
         """Next-token logits.
 
@@ -473,10 +429,12 @@ class LlamaForCausalLM(nn.Module):
         ----------
         input_ids : torch.Tensor
             (B, T) long token ids in ``[0, vocab_size)``.
-        states : list or None
-            One state per layer from a previous call (``None``: start of the sequence).
-        start : int
-            Absolute position of ``input_ids[:, 0]`` (the length already consumed).
+        attention_mask : torch.Tensor of bool (B, T), optional
+            Real tokens (padding never attended to); all-True is the same as ``None``. Not with
+            states.
+        states : list of DecodeState, optional
+            One state per layer from an earlier call: ``input_ids`` continue that sequence
+            (at the position the states hold).
         output_states : bool
             Also return the new per-layer states.
 
@@ -484,17 +442,25 @@ class LlamaForCausalLM(nn.Module):
         -------
         logits : torch.Tensor
             (B, T, V) float32.
-        states : list
-            Only with ``output_states=True``: the cores' new states, one per layer.
+        states : list of DecodeState
+            Only with ``output_states=True``.
         """
-        self._check_inputs(input_ids, states, start)
+        self._check_inputs(input_ids, states, attention_mask)
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None
+        stateful = states is not None or output_states
         h = self.embed_tokens(input_ids)  # (B, T, D)
         new_states = []
         for i, block in enumerate(self.layers):
-            h, s = block(h, start, None if states is None else states[i])
+            h, s = block(h, attention_mask, None if states is None else states[i], stateful)
             new_states.append(s)
         logits = self.lm_head(self.norm(h)).float()  # (B, T, V)
         return (logits, new_states) if output_states else logits
+
+    @staticmethod
+    def state_bytes(states: list[DecodeState] | None) -> int:
+        """Bytes held by the per-layer decoding states (0 for ``None``)."""
+        return 0 if states is None else sum(s.nbytes() for s in states)
 
     @torch.no_grad()
     def greedy_generate(self, input_ids: torch.Tensor, max_new_tokens: int,
@@ -518,7 +484,7 @@ class LlamaForCausalLM(nn.Module):
                 if bool(done.all()):
                     break
             if step + 1 < max_new_tokens:
-                logits, states = self(nxt, states, start=out.shape[1] - 1, output_states=True)
+                logits, states = self(nxt, states=states, output_states=True)
         return out
 
 
@@ -537,7 +503,7 @@ KEY_MAP: tuple[tuple[str, str, str, str | None], ...] = (
      "blk.{i}.attn_k.weight", "k"),
     ("layers.{i}.attn.v_proj.weight", "model.layers.{i}.self_attn.v_proj.weight",
      "blk.{i}.attn_v.weight", None),
-    ("layers.{i}.attn.o_proj.weight", "model.layers.{i}.self_attn.o_proj.weight",
+    ("layers.{i}.attn.out_proj.weight", "model.layers.{i}.self_attn.o_proj.weight",
      "blk.{i}.attn_output.weight", None),
     ("layers.{i}.mlp_norm.weight", "model.layers.{i}.post_attention_layernorm.weight",
      "blk.{i}.ffn_norm.weight", None),
