@@ -17,12 +17,12 @@ from coulomb_attention.nn.families import get_family
 from coulomb_attention.nn.families.llama import (
     LlamaConfig,
     LlamaForCausalLM,
-    make_attention,
     _permute_rotary,
     _unpermute_rotary,
     from_pretrained,
     load,
     load_tokenizer,
+    make_attention,
     save_pretrained,
     smollm2_path,
 )
