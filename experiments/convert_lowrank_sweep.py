@@ -28,9 +28,9 @@ from coulomb_attention.convert import (
     embedding_fidelity,
     load_sentences,
 )
-from coulomb_attention.nn.pretrained import load_pretrained_encoder, load_pretrained_tokenizer
 from coulomb_attention.convert.distill import embedding_data
 from coulomb_attention.convert.finish import FinishConfig, finish_lowrank
+from coulomb_attention.nn.families.bert import load_pretrained_encoder, load_pretrained_tokenizer
 
 
 def main() -> None:

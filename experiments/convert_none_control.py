@@ -24,7 +24,7 @@ from coulomb_attention.convert import (
     load_sentences,
     run_probes,
 )
-from coulomb_attention.nn.pretrained import (
+from coulomb_attention.nn.families.bert import (
     load_pretrained_encoder,
     load_pretrained_tokenizer,
     resolve_checkpoint_dir,

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from coulomb_attention.convert import ConvertConfig, run_probes
-from coulomb_attention.nn.pretrained import (
+from coulomb_attention.nn.families.bert import (
     load_pretrained_encoder,
     load_pretrained_tokenizer,
     resolve_checkpoint_dir,

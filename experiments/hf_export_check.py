@@ -28,7 +28,10 @@ import numpy as np
 
 def save(checkpoint: str, work: Path, data_dir: str | None, n: int) -> None:
     from coulomb_attention.convert import embed, load_sentences
-    from coulomb_attention.nn.pretrained import load_pretrained_encoder, load_pretrained_tokenizer
+    from coulomb_attention.nn.families.bert import (
+        load_pretrained_encoder,
+        load_pretrained_tokenizer,
+    )
 
     texts = load_sentences(("sst2", "rotten_tomatoes", "qqp"), "eval", data_dir, n, 7)
     texts += ["Short.", "A much longer sentence, with punctuation; numbers 12345 and UPPER case "

@@ -23,8 +23,7 @@ import time
 import torch
 
 from coulomb_attention.convert import embed, embedding_fidelity, load_sentences
-from coulomb_attention.nn.bert import load_pretrained_tokenizer
-from coulomb_attention.nn.pretrained import load_pretrained_encoder
+from coulomb_attention.nn.families.bert import load_pretrained_encoder, load_pretrained_tokenizer
 from coulomb_attention.results import atomic_write_json
 
 

@@ -157,10 +157,11 @@ def test_the_checks_can_fail():
     assert _cycles({"a": {"b"}, "b": set()}) == []
     assert LAYER["nn"] < LAYER["convert"] < LAYER["train"] < LAYER["commands"]
     source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-              "    from ..train import run\nfrom ..nn import model\nfrom . import bert\n"
+              "    from ..train import run\nfrom ..nn import model\nfrom .families import bert\n"
               "def f():\n    from ..train.run import run\n")
     assert _imports_in("coulomb_attention.nn.probe", source, False) == {
-        "coulomb_attention.nn.model", "coulomb_attention.nn.bert", "coulomb_attention.train.run"}
+        "coulomb_attention.nn.model", "coulomb_attention.nn.families.bert",
+        "coulomb_attention.train.run"}
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "commands").glob("*.py")), ids=lambda p: p.name)
@@ -487,7 +488,7 @@ _JOIN_CALLS = {"join", "joinpath", "glob", "rglob"}
 
 #: path joins with a conversion entry's name outside convert/artifact.py, each with its reason
 ALLOWED_CONVERSION_PATHS = {
-    ("nn/bert.py", "path / 'checkpoint'"): "resolve_checkpoint_dir accepts convert's OUT "
+    ("nn/families/bert.py", "path / 'checkpoint'"): "resolve_checkpoint_dir accepts convert's OUT "
     "directory where a checkpoint is named (OUT/checkpoint); nn lies below convert, so it "
     "cannot ask the artifact",
 }

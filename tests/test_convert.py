@@ -1,5 +1,5 @@
 """Converting a pretrained encoder by attention distillation (convert.distill, convert,
-commands.convert, nn.pretrained save/load) on tiny random BERT checkpoints."""
+commands.convert, nn.families.bert save/load) on tiny random BERT checkpoints."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from coulomb_attention.convert.distill import (
 )
 from coulomb_attention.energy import TeacherAttention
 from coulomb_attention.features import hedgehog_features
-from coulomb_attention.nn.pretrained import (
+from coulomb_attention.nn.families.bert import (
     load_pretrained_encoder,
     load_pretrained_tokenizer,
     save_pretrained_encoder,

@@ -126,7 +126,7 @@ def test_pretrained_encoder_through_the_one_pipeline_and_resume(tiny_dir, tmp_pa
 def test_pretrained_phase_a_moves_only_omega(tiny_dir, tmp_path):
     """Phase A changes the particles and nothing else (the aligned checkpoint against the
     model the pipeline starts from); a vanilla run has no phase A."""
-    from coulomb_attention.nn.pretrained import load_pretrained_encoder
+    from coulomb_attention.nn.families.bert import load_pretrained_encoder
     from coulomb_attention.train.checkpoint import load_model_file
 
     learned = pipeline.run(_tiny_pretrained(str(tiny_dir)), tmp_path / "l", log=lambda *_: None)

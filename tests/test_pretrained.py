@@ -1,4 +1,4 @@
-"""Pretrained encoders with kernel attention (nn.bert, nn.pretrained, commands.minilm).
+"""Pretrained encoders with kernel attention (nn.families.bert, nn.families.bert, commands.minilm).
 
 Two checkpoints: a tiny random BERT written here (always runs; checks the conversion against a
 naive BERT forward written from the equations) and all-MiniLM-L6-v2 from the optional
@@ -15,7 +15,7 @@ import torch
 
 from coulomb_attention.convert.distill import align_to_softmax
 from coulomb_attention.nn import KernelAttention
-from coulomb_attention.nn.pretrained import (
+from coulomb_attention.nn.families.bert import (
     PRETRAINED,
     convert_bert_state_dict,
     load_bert_state_dict,

@@ -67,7 +67,7 @@ def _loaders(tmp_path: Path, payload_writer):
                 lambda: fit(_tiny_model(), _tiny_dataset(), TrainConfig(epochs=2), seed=0,
                             checkpoint_dir=root, resume=True)))
     # 4. a pretrained BERT/MiniLM directory with pytorch_model.bin
-    from coulomb_attention.nn import pretrained
+    from coulomb_attention.nn.families import bert as pretrained
 
     d4 = tmp_path / "bert"
     d4.mkdir()

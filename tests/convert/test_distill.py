@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_convert import SENTENCES
 
 from coulomb_attention.convert.distill import (
     DistillConfig,
@@ -14,8 +13,9 @@ from coulomb_attention.convert.distill import (
     refine_encoder,
 )
 from coulomb_attention.energy import Comm, EmbeddingTeacher
-from coulomb_attention.nn.pretrained import load_pretrained_encoder, load_pretrained_tokenizer
+from coulomb_attention.nn.families.bert import load_pretrained_encoder, load_pretrained_tokenizer
 from helpers import finite_diff_grad
+from test_convert import SENTENCES
 from test_pretrained import write_tiny_bert
 
 

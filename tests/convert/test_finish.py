@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_convert import SENTENCES
 
 from coulomb_attention.convert import ConvertConfig, convert_encoder
 from coulomb_attention.convert.distill import DistillConfig, embedding_data
@@ -18,13 +17,14 @@ from coulomb_attention.convert.finish import (
     hidden_state_loss,
     teacher_states,
 )
-from coulomb_attention.nn.lora import lora_modules, merge_lora_
-from coulomb_attention.nn.pretrained import (
+from coulomb_attention.nn.families.bert import (
     load_pretrained_encoder,
     load_pretrained_tokenizer,
     save_pretrained_encoder,
 )
+from coulomb_attention.nn.lora import lora_modules, merge_lora_
 from helpers import rel_err
+from test_convert import SENTENCES
 from test_pretrained import write_tiny_bert
 
 

@@ -25,8 +25,11 @@ from sentence_transformers import SentenceTransformer
 from coulomb_attention.cli import main
 from coulomb_attention.convert import embed
 from coulomb_attention.export import REMOTE_CODE, export_hf_directory
-from coulomb_attention.nn.bert import OMEGA_KEY
-from coulomb_attention.nn.pretrained import load_pretrained_encoder, load_pretrained_tokenizer
+from coulomb_attention.nn.families.bert import (
+    OMEGA_KEY,
+    load_pretrained_encoder,
+    load_pretrained_tokenizer,
+)
 
 WORDS = "the movie was good bad a film great not fun it is".split()
 TEXTS = ["the movie was good", "a great film it is not", "fun",
@@ -139,7 +142,7 @@ def test_every_map_exports_exactly(hf_bert, tmp_path, feature_map, share):
     hedgehog, so both halves matter), saved, exported through the Hugging Face directory and
     loaded back three ways (AutoModel, SentenceTransformer, the project's loader)."""
     from coulomb_attention.export import EXPORTABLE_MAPS
-    from coulomb_attention.nn.pretrained import save_pretrained_encoder
+    from coulomb_attention.nn.families.bert import save_pretrained_encoder
 
     assert feature_map in EXPORTABLE_MAPS
     m = 6 if feature_map == "hedgehog" else 5
@@ -174,8 +177,7 @@ def test_a_checkpoint_switched_to_hedgehog_exports_hedgehog(hf_bert, tmp_path):
     in the earlier form (``attention`` favor, ``layer_maps`` hedgehog for every layer) still
     loads and exports as Hedgehog."""
     from coulomb_attention.nn.attention import use_hedgehog_map_
-    from coulomb_attention.nn.bert import KERNEL_KEY
-    from coulomb_attention.nn.pretrained import save_pretrained_encoder
+    from coulomb_attention.nn.families.bert import KERNEL_KEY, save_pretrained_encoder
 
     model = load_pretrained_encoder(hf_bert, "favor", 6, share_features=False, generator=2)
     for layer in model.attention_layers:
@@ -471,8 +473,7 @@ def test_encoder_speed_rows_and_card(converted, hf_bert, tmp_path):
 
 
 def test_weighted_checkpoints_round_trip_and_the_export_refuses_them(hf_bert, tmp_path, capsys):
-    from coulomb_attention.nn.bert import MASS_KEY
-    from coulomb_attention.nn.pretrained import save_pretrained_encoder
+    from coulomb_attention.nn.families.bert import MASS_KEY, save_pretrained_encoder
 
     model = load_pretrained_encoder(hf_bert, attention="favor", n_features=6, generator=0)
     layer = model.attention_layers[1]
@@ -509,7 +510,7 @@ def test_window_hybrid_exports_exactly(hf_bert, tmp_path, feature_map, linear):
     """A sliding-window hybrid checkpoint (learned-looking window weights, per-head particles)
     exports with its window: AutoModel and SentenceTransformer embed as the project, padded
     batches included; the card says which row it is."""
-    from coulomb_attention.nn.pretrained import save_pretrained_encoder
+    from coulomb_attention.nn.families.bert import save_pretrained_encoder
 
     model = load_pretrained_encoder(hf_bert, feature_map, 6, share_features=False,
                                     generator=1, window=4, window_linear=linear)

@@ -1,4 +1,4 @@
-"""Checkpoint reading errors of nn.bert: each bad file raises one ValueError naming it."""
+"""Checkpoint reading errors of nn.families.bert: each bad file raises one ValueError naming it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from coulomb_attention.nn.bert import (
+from coulomb_attention.nn.families.bert import (
     check_vocabulary,
     load_bert_state_dict,
     read_bert_config,

@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from coulomb_attention.nn.families.bert import PretrainedClassifier, load_pretrained_encoder
 from coulomb_attention.nn.lora import (
     LoRALinear,
     add_lora_,
@@ -17,7 +18,6 @@ from coulomb_attention.nn.lora import (
     merge_lora_,
     save_lora,
 )
-from coulomb_attention.nn.pretrained import PretrainedClassifier, load_pretrained_encoder
 from helpers import rel_err
 from test_pretrained import write_tiny_bert
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coulomb_attention.nn.bert import bert_key_map
+from coulomb_attention.nn.families.bert import bert_key_map
 from coulomb_attention.nn.model import ModelConfig, TransformerClassifier
 
 ATTENTIONS = ("favor", "porf_softplus", "softmax_feat", "elu", "softmax")

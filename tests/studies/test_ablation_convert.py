@@ -9,7 +9,7 @@ import torch
 
 from coulomb_attention.convert import embed, embedding_fidelity, load_sentences
 from coulomb_attention.convert.distill import DistillConfig, distill_attention
-from coulomb_attention.nn.pretrained import (
+from coulomb_attention.nn.families.bert import (
     load_pretrained_encoder,
     load_pretrained_tokenizer,
     save_pretrained_encoder,

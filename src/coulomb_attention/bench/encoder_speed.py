@@ -111,7 +111,7 @@ def encoder_speed(
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    from ..nn.bert import resolve_checkpoint_dir
+    from ..nn.families.bert import resolve_checkpoint_dir
 
     batch_size = check_positive("batch_size", batch_size, integer=True)
     repeats = check_positive("repeats", repeats, integer=True)

@@ -23,7 +23,7 @@ def time_vs_length(encoder: str, attentions, lengths, *, batch_size: int = 8,
                    n_features: int = 64, repeats: int = 3, seed: int = 0) -> list[dict]:
     """Median wall time of one eval forward pass of the encoder per (attention, length), on
     random token ids without padding (lengths capped by the checkpoint's positions)."""
-    from ..nn.pretrained import load_pretrained_encoder
+    from ..nn.families.bert import load_pretrained_encoder
 
     repeats = check_positive("repeats", repeats, integer=True)
     gen = torch.Generator().manual_seed(seed)

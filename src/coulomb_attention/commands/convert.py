@@ -5,7 +5,7 @@ One conversion (default)::
     coulomb-attention convert --encoder minilm --feature-map favor --n-features 64 --seed 0 \\
         --data-dir ../shared/data --out runs/convert/favor64
 
-writes ``OUT/checkpoint/`` (``nn.pretrained.load_pretrained_encoder(OUT/checkpoint)``),
+writes ``OUT/checkpoint/`` (``nn.families.bert.load_pretrained_encoder(OUT/checkpoint)``),
 ``OUT/records.jsonl``, ``OUT/result.json``, ``OUT/report.md`` and plots; an interrupted run
 resumes at its last finished layer. ``--grid M [M ...]`` runs the comparison over M, seeds and
 variants into ``OUT/grid/`` (finished runs reused) and writes ``OUT/grid.md``; ``--speed``
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"wrote {export_hf_directory(art.lowrank_checkpoint, art.lowrank_hf)} "
                       "(low-rank finished row)")
     if args.speed:
-        from ..nn.pretrained import load_pretrained_encoder
+        from ..nn.families.bert import load_pretrained_encoder
 
         model = (load_pretrained_encoder(art.checkpoint) if art.has_checkpoint()
                  else load_pretrained_encoder(cfg.encoder, cfg.feature_map, cfg.n_features,

@@ -227,7 +227,7 @@ def evaluate_conversion(directory: str | os.PathLike, changes: dict[str, Any] | 
     evaluation fields :data:`EVAL_FIELDS` changed by ``changes``; the new ``fidelity``,
     ``probe``, ``documents`` and the ``evaluation`` settings replace the old ones in
     ``result.json`` (its ``config`` stays the conversion's: a cache still recognises it)."""
-    from ..nn.pretrained import load_pretrained_encoder, load_pretrained_tokenizer
+    from ..nn.families.bert import load_pretrained_encoder, load_pretrained_tokenizer
 
     art = Artifact(directory)
     d = art.root

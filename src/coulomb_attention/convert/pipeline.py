@@ -84,8 +84,8 @@ def convert_encoder(
 
 def _convert(config: ConvertConfig, out, *, data_dir, progress, log, evaluate):
     """:func:`convert_encoder`; returns ``(result, converted model, records)``."""
-    from ..nn.bert import check_vocabulary
-    from ..nn.pretrained import (
+    from ..nn.families.bert import (
+        check_vocabulary,
         load_pretrained_encoder,
         load_pretrained_tokenizer,
         read_bert_config,
@@ -209,7 +209,7 @@ def _finish_stage(config, model, teacher, ids, mask, data, art: Artifact, direct
     ``out/lowrank/checkpoint`` (reused when a resumed run already finished it)."""
     import copy
 
-    from ..nn.pretrained import load_pretrained_encoder, save_pretrained_encoder
+    from ..nn.families.bert import load_pretrained_encoder, save_pretrained_encoder
 
     ckpt = art.lowrank_checkpoint
     if "finish" in stages and art.checkpoint_complete(lowrank=True):
@@ -257,7 +257,7 @@ class Conversion:
 
 def load_conversion(directory: str | os.PathLike) -> Conversion:
     """The finished conversion in ``directory`` (its checkpoint loaded)."""
-    from ..nn.pretrained import load_pretrained_encoder
+    from ..nn.families.bert import load_pretrained_encoder
 
     art = Artifact(directory)
     if not art.is_finished():

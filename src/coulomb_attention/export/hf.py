@@ -1,7 +1,7 @@
 """A converted encoder as a Hugging Face model directory (transformers + sentence-transformers).
 
 :func:`export_hf_directory` writes, from a converted checkpoint (``coulomb-attention convert``'s
-``OUT/checkpoint/``) or a loaded :class:`~coulomb_attention.nn.pretrained.PretrainedClassifier`::
+``OUT/checkpoint/``) or a loaded :class:`~coulomb_attention.nn.families.bert.PretrainedClassifier`::
 
     config.json                     BERT fields + model_type coulomb_bert, the kernel, auto_map
     configuration_coulomb_bert.py   remote code (imports torch and transformers only)
@@ -15,7 +15,7 @@
 so that ``transformers.AutoModel.from_pretrained(DIR, trust_remote_code=True)`` and
 ``sentence_transformers.SentenceTransformer(DIR, trust_remote_code=True)`` load it without this
 package, and the directory still loads with
-:func:`coulomb_attention.nn.pretrained.load_pretrained_encoder` (same tensor names, the kernel
+:func:`coulomb_attention.nn.families.bert.load_pretrained_encoder` (same tensor names, the kernel
 section kept). The remote code computes the attention with the plain linear-order formula of
 :mod:`coulomb_attention.nn.ops` (same maps, scalings, shifts and padding; on the CPU without
 autograd block by block, one head and a few sequences at a time), so its pooled, normalised
@@ -32,7 +32,7 @@ from typing import Any
 
 from ..convert.artifact import Artifact
 from ..names import ATTENTION_MAPS
-from ..nn.bert import KERNEL_KEY, check_vocabulary, resolve_checkpoint_dir
+from ..nn.families.bert import KERNEL_KEY, check_vocabulary, resolve_checkpoint_dir
 
 __all__ = [
     "EXPORTABLE_MAPS",
@@ -53,7 +53,8 @@ _AUTO_MAP = {"AutoConfig": "configuration_coulomb_bert.CoulombBertConfig",
              "AutoModel": "modeling_coulomb_bert.CoulombBertModel"}
 _SPECIAL = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
             "cls_token": "[CLS]", "mask_token": "[MASK]"}
-#: Hub names of the packaged encoders (:data:`coulomb_attention.nn.bert.PRETRAINED`), for the card.
+#: Hub names of the packaged encoders (:data:`coulomb_attention.nn.families.bert.PRETRAINED`),
+#: for the card.
 HUB_NAMES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
 _MODULES = [
     {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -65,14 +66,14 @@ _MODULES = [
 
 def _load(source):
     """(model, source directory or None) of a checkpoint path or a loaded encoder."""
-    from ..nn.pretrained import PretrainedClassifier, load_pretrained_encoder
+    from ..nn.families.bert import PretrainedClassifier, load_pretrained_encoder
 
     if isinstance(source, PretrainedClassifier):
         return source, (Path(source.source) if source.source else None)
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"source must be a checkpoint directory or a PretrainedClassifier, got "
                         f"{type(source).__name__}")
-    from ..nn.bert import read_bert_config
+    from ..nn.families.bert import read_bert_config
 
     directory = resolve_checkpoint_dir(source)
     bert = read_bert_config(directory)
@@ -213,7 +214,7 @@ def export_hf_directory(
     FileNotFoundError
         A missing directory, ``config.json`` or ``vocab.txt``.
     """
-    from ..nn.pretrained import save_pretrained_encoder
+    from ..nn.families.bert import save_pretrained_encoder
 
     model, directory = _load(source)
     hf_cfg = _hf_config(model)

@@ -2,7 +2,7 @@
 
 from . import functional
 from .attention import ATTENTION_FEATURES, AttentionFeature, KernelAttention, trainable_omega
-from .bert import bert_key_map
+from .families.bert import bert_key_map
 from .functional import (
     favor_attention,
     linear_attention,

@@ -3,7 +3,7 @@
 :func:`kernelize_bert_` replaces, in place, the self-attention of every layer of a
 ``transformers`` BERT model by :class:`KernelSelfAttention`, which keeps the model's own
 query/key/value projections and computes ``phi(q) . phi(k)``-normalised attention with the
-particles of a converted encoder (:func:`coulomb_attention.nn.pretrained.load_pretrained_encoder`
+particles of a converted encoder (:func:`coulomb_attention.nn.families.bert.load_pretrained_encoder`
 of a ``coulomb-attention convert`` checkpoint). The rest of the HF model (embeddings, output
 projections, LayerNorms, feed-forward blocks, pooler) is untouched, so its
 ``last_hidden_state`` equals the project's own encoder. ``transformers`` is optional: this module
@@ -68,7 +68,7 @@ class KernelSelfAttention(nn.Module):
 def kernelize_bert_(hf_model: nn.Module, converted: nn.Module) -> nn.Module:
     """Replace every self-attention of ``hf_model`` (a ``transformers`` ``BertModel`` or a
     model with a ``.bert``) by :class:`KernelSelfAttention` with the kernel and particles of
-    ``converted`` (a :class:`~coulomb_attention.nn.pretrained.PretrainedClassifier`). Returns
+    ``converted`` (a :class:`~coulomb_attention.nn.families.bert.PretrainedClassifier`). Returns
     ``hf_model``. The two must have the same number of layers, width and heads."""
     bert = getattr(hf_model, "bert", hf_model)
     layers = getattr(getattr(bert, "encoder", None), "layer", None)

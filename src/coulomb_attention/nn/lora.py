@@ -14,7 +14,7 @@ layer (:data:`LORA_TARGETS`, the default) and the feed-forward maps ``fc1`` ``(F
 ``fc2`` ``(D, F)`` of every block's MLP (:data:`FFN_TARGETS`); :data:`LORA_SITES` says which
 module of a block holds each name.
 
-The project's encoder (:class:`~coulomb_attention.nn.pretrained.PretrainedClassifier`, its
+The project's encoder (:class:`~coulomb_attention.nn.families.bert.PretrainedClassifier`, its
 attention :class:`~coulomb_attention.nn.attention.KernelAttention` with ``q_proj``, ``k_proj``,
 ``v_proj``, ``out_proj``) is not a ``transformers`` model, so ``peft`` does not apply to it
 directly; this module is the few lines of LoRA it needs. It is used by the low-rank finishing

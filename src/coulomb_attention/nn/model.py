@@ -1,7 +1,7 @@
 """A small Transformer encoder classifier whose attention is a :class:`KernelAttention`.
 
 Structure (names chosen so BERT-style checkpoints map onto it with a flat rename, see
-:func:`coulomb_attention.nn.bert.bert_key_map`)::
+:func:`coulomb_attention.nn.families.bert.bert_key_map`)::
 
     embeddings.word_embeddings      (vocab, E)       E = embedding_dim (default D)
     embeddings.word_proj            Linear(E, D)     only when E != D (e.g. a pretrained table)

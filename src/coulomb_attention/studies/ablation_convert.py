@@ -21,7 +21,7 @@ weighted   WFR particles (``method="weighted"``): the Coulomb variant's transpor
 =========  ==================================================================================
 
 Every run writes its
-converted encoder to ``run_dir/checkpoint`` (:func:`~coulomb_attention.nn.pretrained.
+converted encoder to ``run_dir/checkpoint`` (:func:`~coulomb_attention.nn.families.bert.
 load_pretrained_encoder` reads it, the Hedgehog map included), so any comparison can be
 re-scored on other sentences. A setting's name carries its budget (``fit64`` full,
 ``fit64-quick`` quick, ``fit64-<tag>`` a custom :class:`Budget`), so runs of different budgets
@@ -254,7 +254,7 @@ def run(spec: dict[str, Any], *, run_dir: str | Path | None = None,
     from ..convert import embed, embedding_fidelity, load_sentences
     from ..convert.artifact import Artifact
     from ..convert.distill import distill_attention, refine_encoder, split_examples
-    from ..nn.pretrained import (
+    from ..nn.families.bert import (
         load_pretrained_encoder,
         load_pretrained_tokenizer,
         resolve_checkpoint_dir,

@@ -257,7 +257,7 @@ def _tokenizer(config: RunConfig, train_texts, out: Path, tokenizer_from=None):
     reused; with ``tokenizer_from``, that run's when built from the same texts/settings)."""
     source = config.encoder if config.encoder != "scratch" else config.embeddings
     if source != "scratch":
-        from ..nn.pretrained import load_pretrained_tokenizer
+        from ..nn.families.bert import load_pretrained_tokenizer
 
         return load_pretrained_tokenizer(source)
     own = out / "tokenizer.json"
@@ -276,8 +276,7 @@ def converted_particles(encoder: str, attention: str) -> bool:
     ``attention``'s (a run on it starts from those particles: phase A is done)."""
     if encoder == "scratch":
         return False
-    from ..nn.bert import KERNEL_KEY
-    from ..nn.pretrained import read_bert_config, resolve_checkpoint_dir
+    from ..nn.families.bert import KERNEL_KEY, read_bert_config, resolve_checkpoint_dir
 
     saved = read_bert_config(resolve_checkpoint_dir(encoder)).get(KERNEL_KEY)
     return saved is not None and saved.get("attention") == attention
@@ -297,7 +296,7 @@ def _build_model(config: RunConfig, tokenizer, num_labels: int, source=None):
     converted encoder in memory) replaces a pretrained ``config.encoder`` as the weights."""
     gen = torch.Generator().manual_seed(int(config.seed))
     if config.encoder != "scratch":
-        from ..nn.pretrained import load_pretrained_encoder
+        from ..nn.families.bert import load_pretrained_encoder
 
         model = load_pretrained_encoder(
             source or config.encoder, config.attention, config.model.n_features,
@@ -309,7 +308,7 @@ def _build_model(config: RunConfig, tokenizer, num_labels: int, source=None):
         return model.train(), config
     table = None
     if config.embeddings != "scratch":
-        from ..nn.pretrained import load_token_embeddings
+        from ..nn.families.bert import load_token_embeddings
 
         table = load_token_embeddings(config.embeddings)
         if table.shape[0] != tokenizer.vocab_size:

@@ -5,21 +5,57 @@ tokenizer, and the attention sites the conversion reads (nanoGPT's ``model.py``)
 conversion, evaluation and export reach a family only through this package, so a new family is
 one module and its tests. :data:`FAMILIES` names each family's module; :func:`get_family`
 imports it (lazily: a family's optional dependencies load only when it is used).
+
+The family interface
+--------------------
+A family module defines, at module level (:class:`Family` states it as a Protocol)::
+
+    NAME                                   the family's key in FAMILIES
+    from_pretrained(path, ...) -> model    a checkpoint directory (the family's own format,
+                                           a converted one included) -> the model
+    load(source, ...) -> model             from_pretrained, or a packaged model by name
+                                           (bert: "minilm")
+    load_tokenizer(path) -> tokenizer      the checkpoint's tokenizer
+    save_pretrained(model, directory, ...) write a checkpoint from_pretrained reads back
+                                           (the particles with it): what export builds on
+    attention_sites(model) -> [layers]     the attention layers a conversion rewrites, in order
+    teacher_rows(layer, hidden, mask)      the softmax teacher's attention rows (B, H, T, T)
+                                           of one site on its input (B, T, D)
+    fidelity_output(model, ids, mask)      what fidelity compares between teacher and student
+                                           (bert: the pooled, L2-normalised sentence embedding)
+
+``bert`` (:mod:`.bert`) implements it; ``llama`` (:mod:`.llama`) follows it.
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any, Protocol
 
 from ..._validation import check_choice
 
-__all__ = ["FAMILIES", "get_family"]
+__all__ = ["FAMILIES", "Family", "get_family"]
 
 #: Family name -> its module under this package.
 FAMILIES: dict[str, str] = {
+    "bert": "bert",
     "llama": "llama",
 }
+
+
+class Family(Protocol):
+    """The interface a family module offers (see the module docstring)."""
+
+    NAME: str
+
+    def from_pretrained(self, path: Any, *args: Any, **kwargs: Any) -> Any: ...
+    def load(self, source: Any, *args: Any, **kwargs: Any) -> Any: ...
+    def load_tokenizer(self, path: Any) -> Any: ...
+    def save_pretrained(self, model: Any, directory: Any, *args: Any, **kwargs: Any) -> Any: ...
+    def attention_sites(self, model: Any) -> list[Any]: ...
+    def teacher_rows(self, layer: Any, hidden: Any, attention_mask: Any = None) -> Any: ...
+    def fidelity_output(self, model: Any, input_ids: Any, attention_mask: Any = None) -> Any: ...
 
 
 def get_family(name: str) -> ModuleType:
