@@ -192,6 +192,25 @@ def test_teacher_phase_a_is_the_conversion_and_its_particles_stay_frozen(tiny_di
                                    rtol=0, atol=0)
 
 
+def test_teacher_run_converts_in_memory_and_a_cached_rerun_is_identical(tiny_dir, tmp_path):
+    """``convert_cache=`` (the train command's --convert-cache): the run makes the conversion
+    and fine-tunes the converted encoder in memory; a second run reuses the cached directory
+    (its checkpoint read from disk) and gives the same metrics and phase-A records."""
+    cfg = _tiny_pretrained(str(tiny_dir), objective="teacher",
+                           distill={"n_examples": 12, "holdout": 4, "batch_size": 6, "steps": 2,
+                                    "rows_per_sequence": 4, "refine_steps": 2,
+                                    "refine_examples": 12})
+    logs, logs2 = [], []
+    a = pipeline.run(cfg, tmp_path / "a", convert_cache=tmp_path / "cache", log=logs.append)
+    b = pipeline.run(cfg, tmp_path / "b", convert_cache=tmp_path / "cache", log=logs2.append)
+    assert any(x.startswith("converting") for x in logs)
+    assert any(x.startswith("conversion reused") for x in logs2)
+    for key in ("accuracy", "log_loss", "brier", "ece"):
+        assert a[key] == b[key], key
+    assert json.loads(json.dumps(a["alignment"])) == b["alignment"] and b["alignment"]
+    assert a["conversion"] == b["conversion"]
+
+
 def test_teacher_without_or_with_a_wrong_conversion_is_refused(tiny_dir, tmp_path):
     """No conversion, a conversion of another seed or another method, a conversion given to a
     label run, a vanilla run on a converted encoder: each one line naming the problem."""
