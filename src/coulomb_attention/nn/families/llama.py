@@ -49,6 +49,9 @@ __all__ = [
     "load",
     "load_tokenizer",
     "make_attention",
+    "CONVERSION_KEY",
+    "conversion_spec",
+    "convert_attention_",
     "rotate_half",
     "save_pretrained",
     "smollm2_path",
@@ -717,8 +720,75 @@ def _from_hf_dir(path: Path) -> LlamaForCausalLM:
     if config.tie_embeddings:
         tensors.pop("lm_head.weight", None)
     model = _empty_model(config)
+    spec = _read_json(path / "config.json").get(CONVERSION_KEY)
+    particles = {k: tensors.pop(k) for k in list(tensors)
+                 if k.endswith((".self_attn.omega", ".self_attn.window_logit"))}
     _load_state(model, tensors, "hf", str(path), lambda w, perm: w)
+    if spec is not None:  # a converted model: its attention rows and learned particles
+        _load_conversion(model, spec, particles, path)
+    elif particles:
+        raise ValueError(f"{path}: particles in model.safetensors but no {CONVERSION_KEY!r} "
+                         "section in config.json")
     return model
+
+
+#: The ``config.json`` section of a converted model (which attention every layer computes).
+CONVERSION_KEY = "coulomb_attention"
+
+
+def conversion_spec(model: LlamaForCausalLM) -> dict[str, Any] | None:
+    """The attention every layer of ``model`` computes, as saved in ``config.json``
+    (``None``: the pretrained softmax attention)."""
+    a = model.attention_layers[0]
+    if a.feature_map == "softmax":
+        return None
+    return {"feature_map": a.feature_map, "n_features": a.n_features, "window": a.window,
+            "sinks": a.sinks, "window_linear": a.window_linear}
+
+
+def convert_attention_(model: LlamaForCausalLM, feature_map: str, n_features: int = 64, *,
+                       window: int = 0, sinks: int = 0, linear: bool = True,
+                       generator: torch.Generator | int | None = None) -> LlamaForCausalLM:
+    """Swap every attention layer of ``model`` for linear attention, in place: the same
+    projections (and rotary hook), ``feature_map`` with ``n_features`` particles per KV group
+    drawn fresh (from ``generator``); ``window > 0``: the causal hybrid (exact softmax over the
+    first ``sinks`` and the last ``window`` tokens, :mod:`coulomb_attention.nn.ops.streaming`);
+    ``linear=False``: the window and sinks alone (StreamingLLM). Returns ``model``."""
+    if feature_map == "softmax":
+        raise ValueError("feature_map 'softmax' is the pretrained attention, not a conversion")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        generator = torch.Generator().manual_seed(int(generator))
+    for block in model.layers:
+        old = block.attn
+        new = make_attention(model.config, feature_map, n_features, generator)
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            getattr(new, name).load_state_dict(getattr(old, name).state_dict())
+        if window:
+            new.set_window_(window, linear=linear, sinks=sinks)
+        elif sinks or not linear:
+            raise ValueError("sinks and linear=False need a window > 0")
+        block.attn = new.to(old.q_proj.weight.dtype).train(old.training)
+    return model
+
+
+def _load_conversion(model, spec: dict[str, Any], particles: dict[str, torch.Tensor], path):
+    try:
+        convert_attention_(model, spec["feature_map"], int(spec["n_features"]),
+                           window=int(spec["window"]), sinks=int(spec["sinks"]),
+                           linear=bool(spec["window_linear"]))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: bad {CONVERSION_KEY!r} section in config.json: {exc}") from exc
+    for i, attn in enumerate(model.attention_layers):
+        pre = f"model.layers.{i}.self_attn."
+        if attn.has_features:
+            if pre + "omega" not in particles:
+                raise ValueError(f"{path}: {pre}omega is missing from model.safetensors")
+            attn.load_features_(particles[pre + "omega"])
+        if attn.window:
+            if pre + "window_logit" not in particles:
+                raise ValueError(f"{path}: {pre}window_logit is missing from model.safetensors")
+            with torch.no_grad():
+                attn.window_logit.copy_(particles[pre + "window_logit"])
 
 
 def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32
@@ -770,8 +840,18 @@ def save_pretrained(model: LlamaForCausalLM, directory: str | os.PathLike,
     params = dict(model.named_parameters(remove_duplicate=False))
     tensors = {hf: params[ours].detach().cpu().contiguous().clone()
                for ours, hf, _, _ in _key_rows(model.config)}
+    spec = conversion_spec(model)
+    if spec is not None:  # a converted model: its particles and window weights
+        for i, attn in enumerate(model.attention_layers):
+            pre = f"model.layers.{i}.self_attn."
+            if attn.has_features:
+                tensors[pre + "omega"] = attn.omega.detach().cpu().contiguous().clone()
+            if attn.window:
+                tensors[pre + "window_logit"] = attn.window_logit.detach().cpu().clone()
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     hf = model.config.to_hf_dict()
+    if spec is not None:
+        hf[CONVERSION_KEY] = spec
     hf["torch_dtype"] = str(model.embed_tokens.weight.dtype).removeprefix("torch.")
     with open(directory / "config.json", "w", encoding="utf-8") as f:
         json.dump(hf, f, indent=2)

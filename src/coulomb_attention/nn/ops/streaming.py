@@ -46,8 +46,9 @@ class HybridState(NamedTuple):
 
     Attributes
     ----------
-    linear : LinearState
-        The keys that left the window (not sinks).
+    linear : LinearState or None
+        The keys that left the window (not sinks); ``None`` without a linear term
+        (StreamingLLM: those keys are dropped).
     sink_k, sink_v : torch.Tensor, shape (B, Hk, min(S, seen), d | e)
     ring_k, ring_v : torch.Tensor, shape (B, Hk, W, d | e)
         Keys and values at positions ``p >= S`` of the last ``W``, slot ``(p - S) mod W``
@@ -64,7 +65,7 @@ class HybridState(NamedTuple):
 
     def nbytes(self) -> int:
         """Bytes held by the state (constant once ``seen >= S``)."""
-        return self.linear.nbytes() + sum(
+        return (0 if self.linear is None else self.linear.nbytes()) + sum(
             t.numel() * t.element_size()
             for t in (self.sink_k, self.sink_v, self.ring_k, self.ring_v))
 
