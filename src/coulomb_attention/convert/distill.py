@@ -251,11 +251,10 @@ def capture_teacher_batches(
     for (h, _), (_, mask) in zip(layer_inputs(model, layer_index, chunks, device), chunks,
                                  strict=True):
         with torch.no_grad():
-            q, k = layer.queries(h), layer.keys(h)  # (B, H, T, dh)
-            v = None
-            if with_values:
-                B, T, _ = h.shape
-                v = layer.v_proj(h).view(B, T, layer.heads, layer.head_dim).transpose(1, 2)
+            # grouped KV heads are repeated to the query heads: the data term sees every
+            # query head with its group's keys (and per_head gives it its group's particles)
+            q, k = layer.queries(h), layer.expand_kv(layer.keys(h))  # (B, H, T, dh)
+            v = layer.expand_kv(layer.values(h)) if with_values else None
         mask = mask.to("cpu")
         r = mask.shape[1] if rows_per_sequence == 0 else min(rows_per_sequence, mask.shape[1])
         noise = torch.rand(mask.shape, generator=generator, dtype=torch.float64)
@@ -265,8 +264,9 @@ def capture_teacher_batches(
         idx = order[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1])
         window = dict(window=layer.window, row_index=order,
                       gamma=torch.sigmoid(layer.window_logit.detach().double()).cpu(),
-                      window_linear=layer.window_linear) if layer.window else {}
-        if layer.window and layer.causal:
+                      window_linear=layer.window_linear,
+                      sinks=layer.sinks) if layer.window else {}
+        if layer.causal:  # a causal row sees the keys at or before it only
             window["row_pos"] = order
         out.append(TeacherBatch(torch.gather(q, 2, idx), k.float().cpu(), mask, row_mask,
                                 None if v is None else v.float().cpu(), **window))

@@ -446,8 +446,9 @@ class KernelAttention(nn.Module):
         self._check_x(x)
         return self._split(self.v_proj(x))
 
-    def _expand_kv(self, t: torch.Tensor) -> torch.Tensor:
-        """Key/value heads repeated to the query heads (grouped-query attention)."""
+    def expand_kv(self, t: torch.Tensor) -> torch.Tensor:
+        """Key/value heads ``(B, Hk, T, e)`` repeated to the query heads ``(B, H, T, e)``
+        (grouped-query attention: query head ``h`` reads key head ``h // (H / Hk)``)."""
         g = self.heads // t.shape[1]
         return t if g == 1 else t.repeat_interleave(g, 1)
 
@@ -586,15 +587,15 @@ class KernelAttention(nn.Module):
                 linear=self.window_linear, chunk_size=self.chunk_size or 128,
                 initial_state=inner, output_final_state=True, **kw)
         if name == "none":
-            return self._expand_kv(v), None
+            return self.expand_kv(v), None
         if name == "softmax":
             kc = k if inner is None else torch.cat([inner.k, k.to(inner.k)], 2)
             vc = v if inner is None else torch.cat([inner.v, v.to(inner.v)], 2)
             T, S = q.shape[2], kc.shape[2]
             seen = torch.arange(S, device=q.device)[None, :] <= torch.arange(
                 S - T, S, device=q.device)[:, None]  # (T, S): keys at or before each query
-            out = F.scaled_dot_product_attention(q, self._expand_kv(kc).to(q),
-                                                 self._expand_kv(vc).to(q), attn_mask=seen,
+            out = F.scaled_dot_product_attention(q, self.expand_kv(kc).to(q),
+                                                 self.expand_kv(vc).to(q), attn_mask=seen,
                                                  scale=1.0)
             return out, KVCache(kc, vc)
         if name == "favor":
@@ -637,7 +638,7 @@ class KernelAttention(nn.Module):
         if grouped and not (self.causal and self.feature_map not in ("softmax", "none")):
             # the ops without native grouped heads see every query head's keys and values
             # (and each query head its group's particles: _omega_for)
-            k, v = self._expand_kv(k), self._expand_kv(v)
+            k, v = self.expand_kv(k), self.expand_kv(v)
         if self.window:  # the sliding-window hybrid (set_window_)
             with torch.autocast(device_type=q.device.type, enabled=False):
                 return self._attend_window(q, k, v, mask)
