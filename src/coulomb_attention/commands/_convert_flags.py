@@ -167,6 +167,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --window: the window softmax alone, no linear term (the "
                         "ablation of the linear branch)")
     p.add_argument("--threads", type=int, default=1)
+    g = p.add_argument_group(
+        "causal language models (--model)",
+        "convert a llama-family decoder instead of an encoder: the hybrid --window W --sinks S "
+        "(defaults 64 and 4) unless --linear-only; fitted on long documents (Shakespeare's "
+        "train works under --data-dir, or --texts); --feature-map, --n-features, --seed, "
+        "--steps, --holdout, --batch-size, --rows, --output-weight, --lam, --eta, --eta-end, "
+        "--window, --window-alone apply too")
+    g.add_argument("--model", default=None,
+                   help="smollm2 (the packaged SmolLM2-135M-Instruct), a GGUF file or a Hugging "
+                        "Face llama directory")
+    g.add_argument("--sinks", type=int, default=None,
+                   help="first tokens kept exact beside the window (default: 4)")
+    g.add_argument("--linear-only", action="store_true",
+                   help="pure linear attention: no window, no sinks")
+    g.add_argument("--fixed", action="store_true",
+                   help="the drawn features, not fitted (the fixed row)")
+    g.add_argument("--method", choices=("langevin", "adam"), default=None,
+                   help="langevin (the particles) or adam (plain Adam on the same parameters: "
+                        "the ablation) (default: langevin)")
+    g.add_argument("--fit-length", type=int, default=None,
+                   help="tokens per training document (default: 1024)")
+    g.add_argument("--docs", type=int, default=None,
+                   help="training documents (default: 16)")
+    g.add_argument("--texts", default=None,
+                   help="your own long texts: a .jsonl(.gz) with a 'text' column or a text file")
+    g.add_argument("--window-steps", type=int, default=None,
+                   help="Adam steps of the window weights per layer (default: 100)")
+    g.add_argument("--force", action="store_true",
+                   help="convert again although --out holds a finished conversion")
     add_progress(p)
     p.add_argument("--no-hf", action="store_true",
                    help="do not write OUT/hf (the Hugging Face / sentence-transformers directory)")

@@ -90,6 +90,17 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     args.progress = progress_mode(args) != "none"  # bars only on a terminal, else lines
+    if args.model is not None:  # a causal language model
+        from .convert_decoder import run_decoder
+
+        return run_decoder(args)
+    decoder_only = [f"--{k.replace('_', '-')}" for k in ("sinks", "linear_only", "fixed",
+                                                         "method", "fit_length", "docs",
+                                                         "texts", "window_steps", "force")
+                    if getattr(args, k) not in (None, False)]
+    if decoder_only:
+        raise ValueError(f"{', '.join(decoder_only)} apply to --model (causal language "
+                         "models), not to encoders")
     cfg = config_from_args(args)
     out = Path(args.out)
     art = Artifact(out)

@@ -1,0 +1,234 @@
+"""Convert a pretrained causal language model (the llama family) to linear attention.
+
+The attention transfer is the encoder's (:func:`~coulomb_attention.convert.distill.
+distill_attention`), layer by layer in order, each layer's inputs computed with the already
+converted layers (so a layer is fitted on the converted model's own inputs): the particles of
+each KV group move on the rotated queries and keys of the group's query heads, against the
+teacher's causal softmax rows (row KL, plus the output MSE with ``output_weight``), and the
+window weights of the hybrid by Adam with the particles held. Fitted on long documents: windows
+of ``fit_length`` tokens cut from the long texts (:func:`coulomb_attention.data.long_texts`,
+Shakespeare's train works by default, ``texts=`` for a user's own).
+
+Rows (never mixed in one directory): pure linear (``window=0``: FAVOR+, Hedgehog's map,
+softmax features), the hybrid (``window=W, sinks=S``: exact softmax over the first ``S`` and the
+last ``W`` tokens, the particles' term for the rest, one denominator), fixed features
+(``learned=False``: drawn, not fitted), the window and sinks alone (``linear=False``:
+StreamingLLM). A conversion directory (:class:`~coulomb_attention.convert.artifact.Artifact`)
+holds ``checkpoint/`` (a Hugging Face llama directory with the particles,
+:func:`coulomb_attention.nn.families.llama.save_pretrained`), ``records.jsonl`` and
+``result.json``; a killed run resumes at the next layer with the same particles.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._validation import check_choice, check_positive
+from ..nn.attention import ATTENTION_FEATURES
+from .artifact import Artifact
+from .distill import DistillConfig, WindowFitConfig, distill_attention
+from .pipeline import _load_progress, _save_progress
+
+__all__ = ["DecoderConfig", "convert_decoder", "load_converted"]
+
+#: The maps a decoder is converted on (the attention maps with particles).
+DECODER_MAPS = tuple(n for n, s in ATTENTION_FEATURES.items() if s.has_features)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """One conversion of a causal language model.
+
+    Attributes
+    ----------
+    model : str            ``smollm2`` (the packaged SmolLM2-135M-Instruct), a GGUF file or a
+                           Hugging Face llama directory
+    feature_map : str      ``hedgehog`` (default, Hedgehog's map, particles untied after a tied
+                           start), ``favor``, ``softmax_feat``, ``porf_softplus``
+    n_features : int       particles per KV group (M)
+    window, sinks : int    the hybrid's exact window and sinks (``window=0``: pure linear)
+    linear : bool          False: the window and sinks alone (StreamingLLM; nothing to fit)
+    learned : bool         False: the drawn features, not fitted (the fixed row)
+    method : str           ``langevin`` (the particles) or ``adam`` (the same parameters by
+                           plain Adam: no noise, no repulsion; the ablation)
+    fit_length : int       tokens per training document
+    n_docs, holdout : int  training documents, held-out documents (row KL only)
+    rows_per_sequence : int query rows sampled per document and step batch
+    batch_size : int       documents per step
+    steps : int            particle steps per layer
+    output_weight : float  weight of the output MSE beside the row KL
+    window_steps : int     Adam steps of the window weights per layer (hybrid)
+    window_lr : float      their learning rate
+    lam : float            Riesz repulsion strength (0: none)
+    eta, eta_end : float   the particles' step size (cosine schedule)
+    seed : int
+    """
+
+    model: str = "smollm2"
+    feature_map: str = "hedgehog"
+    n_features: int = 64
+    window: int = 64
+    sinks: int = 4
+    linear: bool = True
+    learned: bool = True
+    method: str = "langevin"
+    fit_length: int = 1024
+    n_docs: int = 16
+    holdout: int = 4
+    rows_per_sequence: int = 128
+    batch_size: int = 4
+    steps: int = 100
+    output_weight: float = 1.0
+    window_steps: int = 100
+    window_lr: float = 0.05
+    lam: float = 0.0
+    eta: float = 3.0
+    eta_end: float = 0.3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice("feature_map", self.feature_map, DECODER_MAPS)
+        check_choice("method", self.method, ("langevin", "adam"))
+        for name in ("n_features", "fit_length", "n_docs", "rows_per_sequence", "batch_size",
+                     "steps"):
+            check_positive(name, getattr(self, name), integer=True)
+        for name in ("window", "sinks", "holdout", "window_steps", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+        if self.sinks and not self.window:
+            raise ValueError("sinks need a window (--window W > 0)")
+        if not self.linear and not self.window:
+            raise ValueError("the window alone (no linear term) needs a window > 0")
+        if self.fit_length < 2:
+            raise ValueError(f"fit_length must be >= 2, got {self.fit_length}")
+        for name in ("output_weight", "lam"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("window_lr", "eta", "eta_end"):
+            check_positive(name, getattr(self, name))
+
+    @property
+    def row(self) -> str:
+        """The row's name in tables: e.g. ``hybrid W=64 S=4 hedgehog learned (langevin)``."""
+        if not self.linear:
+            return f"streaming W={self.window} S={self.sinks}"
+        kind = f"hybrid W={self.window} S={self.sinks}" if self.window else "linear"
+        how = f"learned ({self.method})" if self.learned else "fixed"
+        return f"{kind} {self.feature_map} M={self.n_features} {how}"
+
+    def distill(self) -> DistillConfig:
+        """The layer-wise distillation this conversion runs."""
+        return DistillConfig(
+            n_examples=self.n_docs, holdout=self.holdout, batch_size=self.batch_size,
+            rows_per_sequence=self.rows_per_sequence, steps=self.steps, method=self.method,
+            output_weight=self.output_weight, lam=self.lam, eta=self.eta,
+            eta_end=self.eta_end, dtype="float32", refine_steps=0)
+
+
+def _build(teacher, config: DecoderConfig):
+    from ..nn.families.llama import convert_attention_
+
+    student = copy.deepcopy(teacher)
+    return convert_attention_(student, config.feature_map, config.n_features,
+                              window=config.window, sinks=config.sinks, linear=config.linear,
+                              generator=config.seed)
+
+
+def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=None,
+                    texts: str | os.PathLike | None = None, progress: bool = True,
+                    force: bool = False, log=print) -> dict[str, Any]:
+    """Convert ``config.model`` into ``out`` (module docstring) and return ``result.json``.
+
+    A finished directory is returned as it is (``force=True`` converts again); an unfinished
+    one with the same configuration resumes at its next layer (another configuration raises).
+    """
+    from ..data import long_texts, token_documents
+    from ..nn.families.llama import load, save_pretrained
+
+    if not isinstance(config, DecoderConfig):
+        raise TypeError(f"config must be a DecoderConfig, got {type(config).__name__}")
+    art = Artifact(out)
+    stamp = dataclasses.asdict(config)
+    if art.is_finished() and not force:
+        result = art.read_result()
+        if result.get("config") != stamp:
+            raise ValueError(f"{art.root} holds a finished conversion with another "
+                             "configuration; use another --out or --force")
+        log(f"{art.root} is already converted ({config.row}); --force converts again")
+        return result
+    if force:
+        art.clear_state()
+    art.root.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    teacher, tok = load(config.model)
+    positions = teacher.config.max_positions
+    if config.fit_length > positions:
+        raise ValueError(f"fit_length {config.fit_length} exceeds the model's {positions} "
+                         "positions")
+    if config.window and config.window + config.sinks >= config.fit_length:
+        raise ValueError(f"window + sinks = {config.window + config.sinks} leave no key to the "
+                         f"linear term in documents of {config.fit_length} tokens")
+    student = _build(teacher, config)
+    texts_list, source = long_texts("train", data_dir, texts)
+    if source.startswith("sample:"):
+        log("WARNING: fitting on the small shipped sample of long texts (smoke test only); "
+            "pass --data-dir (e.g. ../shared/data) or --texts for a real conversion")
+    n = config.n_docs + config.holdout
+    docs = token_documents(tok, texts_list, config.fit_length, n=n)
+    if docs.shape[0] < n:
+        log(f"note: {docs.shape[0]} documents of {config.fit_length} tokens available, "
+            f"{n} asked for")
+    records: list[dict] = []
+    t_fit = time.perf_counter()
+    if config.learned and config.linear:
+        generator = torch.Generator().manual_seed(config.seed)
+        resume = _load_progress(art, student, stamp)
+        if resume is not None:
+            log(f"resuming at layer {resume['next_layer']}")
+        mask = torch.ones_like(docs, dtype=torch.bool)
+        records = distill_attention(
+            student, docs, mask, config.distill(), generator=generator, progress=progress,
+            on_layer_done=lambda nl, rec, gs: _save_progress(art, student, nl, rec, gs, stamp),
+            resume=resume,
+            window_fit=WindowFitConfig(steps=config.window_steps, lr=config.window_lr,
+                                       refine_steps=0))
+    fit_s = time.perf_counter() - t_fit
+    save_pretrained(student, art.checkpoint, tokenizer=tok)
+    art.write_records(records)
+    kl = [(r["kl_before"], r["kl_after"], r.get("holdout_kl_after")) for r in records]
+    result = {
+        "config": stamp, "row": config.row, "data": source,
+        "fit_documents": int(min(docs.shape[0], config.n_docs)),
+        "holdout_documents": int(max(docs.shape[0] - config.n_docs, 0)),
+        "row_kl_before": _mean([k[0] for k in kl]), "row_kl_after": _mean([k[1] for k in kl]),
+        "holdout_row_kl_after": _mean([k[2] for k in kl]),
+        "time_s": {"fit": fit_s, "total": time.perf_counter() - t_start},
+        "threads": torch.get_num_threads(),
+    }
+    art.write_result(result)
+    art.clear_state()
+    return result
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def load_converted(directory: str | os.PathLike):
+    """``(model, tokenizer)`` of a decoder conversion directory (its ``checkpoint/``) or of a
+    model directory / GGUF file / ``smollm2``."""
+    from ..nn.families.llama import load
+
+    art = Artifact(directory)
+    if art.checkpoint_complete():
+        return load(art.checkpoint)
+    return load(directory)

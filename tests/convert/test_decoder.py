@@ -1,0 +1,127 @@
+"""The conversion of a causal language model (convert/decoder.py) end to end on a tiny llama:
+the row KL falls, the checkpoint loads as the row it names, a finished directory is not
+redone, a killed conversion resumes to the same particles, and bad rows fail in one line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from coulomb_attention.convert import decoder as D
+from coulomb_attention.convert.decoder import DecoderConfig, convert_decoder
+from coulomb_attention.nn.families.llama import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    conversion_spec,
+    from_pretrained,
+    save_pretrained,
+)
+
+
+def _byte_tokenizer() -> Tokenizer:
+    """Byte-level BPE without merges: one token per byte (256 tokens)."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    cfg = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=48, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=1e4,
+                      max_positions=256)
+    model = LlamaForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = 0.2 if name.endswith("norm.weight") else 1 / math.sqrt(p.shape[-1])
+            p.copy_(name.endswith("norm.weight") + scale * torch.randn(p.shape, generator=g))
+    path = tmp_path_factory.mktemp("tiny_llama")
+    save_pretrained(model, path, tokenizer=_byte_tokenizer())
+    return path
+
+
+def _config(model_dir, **kw):
+    base = dict(model=str(model_dir), feature_map="favor", n_features=8, window=8, sinks=2,
+                fit_length=64, n_docs=3, holdout=1, rows_per_sequence=16, batch_size=2,
+                steps=4, window_steps=3)
+    return DecoderConfig(**{**base, **kw})
+
+
+def test_conversion_learns_saves_and_is_not_redone(tiny_dir, tmp_path):
+    logs = []
+    res = convert_decoder(_config(tiny_dir), tmp_path / "out", progress=False,
+                          log=logs.append)
+    assert any("shipped sample" in m for m in logs)  # no --data-dir: said loudly
+    assert res["data"].startswith("sample:")
+    assert res["row_kl_after"] < res["row_kl_before"]
+    model = from_pretrained(tmp_path / "out" / "checkpoint")
+    assert conversion_spec(model) == {"feature_map": "favor", "n_features": 8, "window": 8,
+                                      "sinks": 2, "window_linear": True}
+    logs.clear()
+    again = convert_decoder(_config(tiny_dir), tmp_path / "out", progress=False,
+                            log=logs.append)
+    assert again == res and any("already converted" in m for m in logs)
+    with pytest.raises(ValueError, match="another configuration"):
+        convert_decoder(_config(tiny_dir, steps=5), tmp_path / "out", progress=False,
+                        log=logs.append)
+
+
+def test_killed_conversion_resumes_to_the_same_particles(tiny_dir, tmp_path, monkeypatch):
+    convert_decoder(_config(tiny_dir, feature_map="hedgehog"), tmp_path / "whole",
+                    progress=False, log=lambda m: None)
+    whole = from_pretrained(tmp_path / "whole" / "checkpoint")
+    save = D._save_progress
+
+    def save_then_die(art, model, next_layer, *a, **k):
+        save(art, model, next_layer, *a, **k)
+        if next_layer == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(D, "_save_progress", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        convert_decoder(_config(tiny_dir, feature_map="hedgehog"), tmp_path / "cut",
+                        progress=False, log=lambda m: None)
+    monkeypatch.setattr(D, "_save_progress", save)
+    logs = []
+    convert_decoder(_config(tiny_dir, feature_map="hedgehog"), tmp_path / "cut",
+                    progress=False, log=logs.append)
+    assert any("resuming at layer 1" in m for m in logs)
+    cut = from_pretrained(tmp_path / "cut" / "checkpoint")
+    for a, b in zip(whole.attention_layers, cut.attention_layers, strict=True):
+        assert torch.equal(a.omega, b.omega) and torch.equal(a.window_logit, b.window_logit)
+
+
+def test_fixed_and_streaming_rows_fit_nothing(tiny_dir, tmp_path):
+    fixed = convert_decoder(_config(tiny_dir, learned=False), tmp_path / "fixed",
+                            progress=False, log=lambda m: None)
+    stream = convert_decoder(_config(tiny_dir, linear=False), tmp_path / "stream",
+                             progress=False, log=lambda m: None)
+    assert fixed["row_kl_after"] is None and stream["row_kl_after"] is None
+    assert "fixed" in fixed["row"] and stream["row"].startswith("streaming W=8 S=2")
+    assert not from_pretrained(tmp_path / "stream" / "checkpoint").attention_layers[0] \
+        .window_linear
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(window=0, sinks=4), "sinks need a window"),
+    (dict(window=0, sinks=0, linear=False), "needs a window"),
+    (dict(feature_map="softmax"), "unknown feature_map"),
+    (dict(method="sgd"), "unknown method"),
+    (dict(sinks=-1), "sinks must be an integer >= 0"),
+])
+def test_bad_rows_fail_clearly(tiny_dir, kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        _config(tiny_dir, **kw)
+
+
+def test_documents_longer_than_the_model_fail(tiny_dir, tmp_path):
+    with pytest.raises(ValueError, match="exceeds the model's 256 positions"):
+        convert_decoder(_config(tiny_dir, fit_length=512), tmp_path / "x", progress=False,
+                        log=lambda m: None)
