@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export-hf": ("coulomb_attention.commands.export_hf",
                   "a converted checkpoint as a Hugging Face / sentence-transformers directory"),
     "ablation": ("coulomb_attention.commands.ablation", "ablation study over arenas + report"),
+    "lm-eval": ("coulomb_attention.commands.lm_eval",
+                "causal LM rows: perplexity by position, passkey, repeated text + report"),
 }
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "attention": (
