@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ablation": ("coulomb_attention.commands.ablation", "ablation study over arenas + report"),
     "lm-eval": ("coulomb_attention.commands.lm_eval",
                 "causal LM rows: perplexity by position, passkey, repeated text + report"),
+    "generate": ("coulomb_attention.commands.generate",
+                 "stream text from a llama (smollm2 or a directory) through its states"),
 }
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "attention": (
@@ -45,6 +47,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "langevin": ("coulomb_attention.commands.bench_langevin", "cost of one Langevin step"),
     "encoder": ("coulomb_attention.commands.bench_encoder",
                 "sentences/s of a Hugging Face export vs the original encoder"),
+    "decoder": ("coulomb_attention.commands.bench_decoder",
+                "decode speed and state size: llama teacher (KV cache) vs converted rows"),
 }
 
 # User-input errors: validation (ValueError), files (missing, not a directory, not readable),
@@ -100,7 +104,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             _add(sub, name, module, help_)
         else:
             sub.add_parser(name, help=help_)
-    bench = sub.add_parser("bench", help="benchmarks (attention, langevin, encoder)")
+    bench = sub.add_parser("bench", help="benchmarks (attention, langevin, encoder, decoder)")
     bench_sub = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
     wanted_bench = rest[1] if wanted == "bench" and len(rest) > 1 else None
     for name, (module, help_) in BENCHMARKS.items():
