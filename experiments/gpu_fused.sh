@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fused Triton kernels on one GPU, in under 8 minutes of device time (each step has a
+# The fused Triton kernels on one GPU, in under 10 minutes of device time (each step has a
 # timeout; a step that fails or times out is recorded in $OUT/status.txt and the next runs):
 #
 #   OUT=/path/to/results bash experiments/gpu_fused.sh
@@ -12,11 +12,16 @@
 # 3. whole encoder: bench encoder --random-init (MiniLM's shapes, FAVOR+ M = 64) against
 #    BertModel with SDPA, batch 32, today's remote code and --fused, bf16 and float32
 #    ($OUT/encoder_<dtype>_<today|fused>.{json,csv,md});
-# 4. experiments/gpu_fused_report.py: $OUT/summary.md and $OUT/encoder_ratio.png.
+# 4. experiments/gpu_fused_report.py: $OUT/summary.md and $OUT/encoder_ratio.png;
+# 5. decoder (issue 47): bench decoder --random (SmolLM2-135M's shapes, random weights, so no
+#    gguf), bf16: the teacher (KV cache) against the hybrid rows (window 64 + 4 sinks + linear
+#    rest, hedgehog and favor) at L 2048 8192 32768 (the teacher stops at its 8192 positions),
+#    batch 1 and 8: prefill time, decode ms/token, tokens/s, state vs KV bytes
+#    ($OUT/decoder/results.{json,md}; <= 100 s, cells left after 70 s are skipped).
 #
 # Needs torch (CUDA), triton, transformers (steps 3) and this repo; fla optional
 # (pip install flash-linear-attention==0.6.0 einops). Overrides: PYTHON, LENGTHS (op level),
-# ENC_LENGTHS, ENC_DTYPES ("bfloat16 float32"), BATCH (32).
+# ENC_LENGTHS, ENC_DTYPES ("bfloat16 float32"), BATCH (32), DEC_LENGTHS ("2048 8192 32768").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to an output directory}"
@@ -25,6 +30,7 @@ LENGTHS=${LENGTHS:-"128 256 512 1024 2048 4096 8192 16384"}
 ENC_LENGTHS=${ENC_LENGTHS:-"128 512 1024 2048 4096 8192"}
 ENC_DTYPES=${ENC_DTYPES:-"bfloat16 float32"}
 BATCH=${BATCH:-32}
+DEC_LENGTHS=${DEC_LENGTHS:-"2048 8192 32768"}
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_INTERPRET=0
 mkdir -p "$OUT"
@@ -66,5 +72,10 @@ for dtype in $ENC_DTYPES; do
   done
 done
 step report 20 "$PY" experiments/gpu_fused_report.py "$OUT"
+# shellcheck disable=SC2086
+step decoder_bf16 100 "$PY" -m coulomb_attention.cli bench decoder --random --device cuda \
+  --dtype bfloat16 --rows teacher hybrid_hedgehog hybrid_favor --lengths $DEC_LENGTHS \
+  --batches 1 8 --decode-steps 32 --time-budget 70 --out "$OUT/decoder"
 cat "$OUT/status.txt"
 [ -f "$OUT/summary.md" ] && cat "$OUT/summary.md"
+[ -f "$OUT/decoder/results.md" ] && cat "$OUT/decoder/results.md"
