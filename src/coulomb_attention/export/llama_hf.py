@@ -155,7 +155,7 @@ def llama_model_card(hf: dict[str, Any], row: str, *, learned: bool | None = Non
         "(`modeling_coulomb_llama.py`), hence `trust_remote_code=True`.", "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        "tok = AutoTokenizer.from_pretrained(DIR)",
+        "tok = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # reads config.json",
         "model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True).eval()",
         "ids = tok(\"Once upon a time\", return_tensors=\"pt\").input_ids",
         "out = model.generate(ids, max_new_tokens=50, do_sample=False)",
