@@ -199,6 +199,14 @@ def test_remote_code_imports_only_torch_and_transformers():
             assert roots <= allowed, (name, roots)
 
 
+def test_the_remote_codes_attention_names_copy_the_vocabulary():
+    from coulomb_attention.export import configuration_coulomb_llama as remote
+    from coulomb_attention.names import ATTENTIONS, NO_PARTICLES
+
+    assert set(remote.FEATURE_MAPS) == set(ATTENTIONS) - {"none"}
+    assert set(remote.PARTICLE_MAPS) == set(ATTENTIONS) - set(NO_PARTICLES)
+
+
 def test_tied_embeddings_and_softmax_feat_export(tmp_path):
     model = _model("favor", seed=3, tie=True)
     convert_attention_(model, "softmax_feat", 16, generator=2)

@@ -19,9 +19,11 @@ try:  # transformers >= 5 spells it PreTrainedConfig; 4.x only PretrainedConfig
 except ImportError:  # pragma: no cover - older transformers
     from transformers import PretrainedConfig as _BaseConfig
 
-FEATURE_MAPS = ("softmax", "favor", "porf_softplus", "softmax_feat", "hedgehog", "elu")
-#: Maps with particles omega (the others have none).
-PARTICLE_MAPS = ("favor", "porf_softplus", "softmax_feat", "hedgehog")
+#: The attentions the remote code computes: a copy of ``coulomb_attention.names.ATTENTIONS``
+#: without the no-mixing control (this file runs without the package; the tests check the copy).
+FEATURE_MAPS = ("favor", "porf_softplus", "softmax_feat", "hedgehog", "elu", "softmax")
+#: The ones with particles omega (``names.NO_PARTICLES`` have none).
+PARTICLE_MAPS = FEATURE_MAPS[:4]
 
 
 def _int(name: str, value, low: int) -> int:

@@ -32,7 +32,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["LLAMA_REMOTE_CODE", "export_llama", "llama_hf_config", "llama_model_card"]
+from ..names import ATTENTIONS
+
+__all__ = ["EXPORTABLE", "LLAMA_REMOTE_CODE", "export_llama", "llama_hf_config", "llama_model_card"]
 
 #: Remote-code files copied into every export (from this package's folder).
 LLAMA_REMOTE_CODE = ("configuration_coulomb_llama.py", "modeling_coulomb_llama.py")
@@ -40,7 +42,7 @@ _AUTO_MAP = {"AutoConfig": "configuration_coulomb_llama.CoulombLlamaConfig",
              "AutoModel": "modeling_coulomb_llama.CoulombLlamaModel",
              "AutoModelForCausalLM": "modeling_coulomb_llama.CoulombLlamaForCausalLM"}
 #: Attention kinds the remote code computes (``none``, the no-mixing control, is refused).
-EXPORTABLE = ("softmax", "favor", "porf_softplus", "softmax_feat", "hedgehog", "elu")
+EXPORTABLE = tuple(a for a in ATTENTIONS if a != "none")
 _CHUNK = 128  # the causal ops' default block (nn.ops.causal, nn.ops.streaming)
 
 
