@@ -125,3 +125,26 @@ def test_documents_longer_than_the_model_fail(tiny_dir, tmp_path):
     with pytest.raises(ValueError, match="exceeds the model's 256 positions"):
         convert_decoder(_config(tiny_dir, fit_length=512), tmp_path / "x", progress=False,
                         log=lambda m: None)
+
+
+def test_command_writes_the_hugging_face_directory(tiny_dir, tmp_path, capsys):
+    from coulomb_attention.cli import main
+
+    out = tmp_path / "cli"
+    argv = ["convert", "--model", str(tiny_dir), "--feature-map", "favor", "--n-features", "8",
+            "--window", "8", "--sinks", "2", "--fit-length", "64", "--docs", "3", "--holdout",
+            "1", "--rows", "16", "--batch-size", "2", "--steps", "2", "--window-steps", "2",
+            "--out", str(out), "--progress", "none"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "hybrid W=8 S=2 favor M=8 learned (langevin)" in printed
+    cfg = (out / "hf" / "config.json").read_text()
+    assert '"coulomb_llama"' in cfg and "AutoModelForCausalLM" in cfg
+    assert "learned" in (out / "hf" / "README.md").read_text()
+    assert main(argv) == 0 and "already converted" in capsys.readouterr().out
+    assert main(["convert", "--model", str(tiny_dir), "--window", "0"]) == 2
+    assert "--window must be > 0" in capsys.readouterr().err
+    assert main(["convert", "--model", str(tmp_path / "none.gguf")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["convert", "--encoder", "minilm", "--sinks", "4"]) == 2
+    assert "apply to --model" in capsys.readouterr().err

@@ -67,5 +67,15 @@ def run_decoder(args: argparse.Namespace) -> int:
     if kl is not None:
         print(f"mean row KL over layers and KV groups: {res['row_kl_before']:.4f} -> {kl:.4f} "
               f"(held-out {res['holdout_row_kl_after']:.4f}); fit {res['time_s']['fit']:.0f} s")
+    if not args.no_hf:
+        from ..convert.artifact import Artifact
+        from ..convert.decoder import load_converted
+        from ..export.llama_hf import export_llama
+
+        art = Artifact(args.out)
+        model, tok = load_converted(art.root)
+        hf = export_llama(model, tok, art.hf, res["row"],
+                          learned=cfg.learned and cfg.linear, base_model=cfg.model)
+        print(f"wrote {hf} (AutoModelForCausalLM, trust_remote_code=True; row: {res['row']})")
     print(f"wrote {args.out}")
     return 0
