@@ -63,7 +63,7 @@ def test_converted_state_is_constant_and_the_kv_cache_grows(summary):
 def test_files_hold_the_table(summary):
     s, out = summary
     back = json.loads((out / "results.json").read_text())
-    assert back["rows"] == s["rows"] and back["threads"] == 1
+    assert back["rows"] == s["rows"] and back["threads"] == 1 and back["complete"] is True
     md = (out / "results.md").read_text()
     assert md.count("\n| hybrid_favor |") == 6 and md.count("\n| teacher |") == 4
     assert "load average" in md

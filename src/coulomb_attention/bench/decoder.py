@@ -267,8 +267,9 @@ def run_benchmark(cfg: DecoderBenchConfig, out: str | Path | None = None, *,
                   model: LlamaForCausalLM | None = None,
                   log: Callable[[str], None] = print) -> dict[str, Any]:
     """Time every (row, L, B) of ``cfg`` in one process; write ``results.json`` and
-    ``results.md`` under ``out`` (when given); returns the summary (``rows``: one dict per
-    cell and row, ``targets``, ``verdict`` or ``verdict_withheld``).
+    ``results.md`` under ``out`` (when given; ``results.json`` also after every row, with
+    ``complete: false``, so a run cut short keeps its rows); returns the summary (``rows``:
+    one dict per cell and row, ``targets``, ``verdict`` or ``verdict_withheld``).
 
     ``model``: a softmax llama to use instead of ``cfg.model`` (tests pass a tiny one).
     """
@@ -317,6 +318,9 @@ def run_benchmark(cfg: DecoderBenchConfig, out: str | Path | None = None, *,
                     row["state_over_kv"] = row["state_bytes"] / row["kv_bytes"]
                 rows.append(row)
                 log(_line(row))
+                if out is not None:  # a run cut short still leaves its rows
+                    atomic_write_json(Path(out) / "results.json",
+                                      {"config": asdict(cfg), "complete": False, "rows": rows})
     _ratios(rows)
     load_end = _load()
     summary = {
@@ -326,7 +330,7 @@ def run_benchmark(cfg: DecoderBenchConfig, out: str | Path | None = None, *,
                    else _cpu_name()),
         "cores": cores, "threads": torch.get_num_threads(),
         "load_average_start": list(load_start), "load_average_end": list(load_end),
-        "wall_s": time.perf_counter() - t_start,
+        "wall_s": time.perf_counter() - t_start, "complete": True,
         "method": "prefill: median of up to prefill_repeats calls over L - n tokens (head at "
                   "the last position); decode: median step over decode_steps greedy steps "
                   "after warmup_steps, the last one at context L; state after L positions; "
