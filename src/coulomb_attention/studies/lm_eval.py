@@ -188,7 +188,8 @@ def parse_row(spec: str, n_features: int = 64) -> Row:
                                 "existing directory")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"row {spec!r}: {path} holds no config.json (not a model "
-                                "directory from save_pretrained)")
+                                "directory from save_pretrained; of a `convert --model` run "
+                                "pass its OUT/hf)")
     return Row(spec, "directory", "directory", path=str(path))
 
 
