@@ -164,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
                        f"s{config.seed}")
     try:
         metrics = run_pipeline(config, out, runtime, data_dir=args.data_dir,
-                               resume=args.resume, convert_cache=args.convert_cache)
+                               resume=args.resume,
+                               convert_cache=getattr(args, "convert_cache", None))
     finally:
         runtime.close()
     keys = ("accuracy", "mcc", "f1", "ece", "log_loss", "brier")
