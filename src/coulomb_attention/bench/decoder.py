@@ -392,7 +392,7 @@ def _withheld(cfg: DecoderBenchConfig, cores: int, load_start, load_end) -> str 
     if others > free + _NOISE_CORES:
         return (f"the machine is busy: other processes' load {others:.2f} (1-minute load "
                 f"average: {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end with "
-                f"this run's {cfg.threads} threads) exceeds the {free} core(s) left free of "
+                f"this run's {cfg.threads} thread(s)) exceeds the {free} core(s) left free of "
                 f"{cores}, so the timings share cores with other jobs")
     return None
 
