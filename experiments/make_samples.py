@@ -6,7 +6,8 @@ For every (task, split) it reads the full file (QQP: the documented subsets, see
 ``SAMPLE_ORIGINS``), draws ``--train-per-class`` (train) or ``--eval-per-class`` (other splits)
 rows per label without replacement with ``numpy.random.default_rng(seed)``, keeps them in file
 order and writes them unchanged (same JSON keys and values) as gzip JSON lines with mtime 0, so
-a rebuild gives the same bytes. The AdvGLUE sets are tiny and are copied whole.
+a rebuild gives the same bytes. The AdvGLUE sets are tiny and are copied whole. The long texts
+(``shakespeare/``) are the first works of each split, each cut to its first 24,000 characters.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from coulomb_attention.data import DATASETS, SAMPLE_ORIGINS, SAMPLES_DIR
 from coulomb_attention.data.loaders import read_rows
 
 ADVGLUE = ("sst2", "qqp")
+#: the long texts' sample (causal language models): the first works of each split, each cut to
+#: its first LONG_TEXT_CHARS characters
+LONG_TEXT_WORKS = {"train": 2, "validation": 1, "test": 1}
+LONG_TEXT_CHARS = 24000
 
 
 def write_jsonl_gz(path: pathlib.Path, rows: list[dict]) -> int:
@@ -71,13 +76,18 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for _, r in read_rows(src / "advglue" / f"{task}.jsonl.gz")]
         size = write_jsonl_gz(out / "advglue" / f"{task}.jsonl.gz", rows)
         lines.append((f"advglue/{task}", f"advglue/{task}", len(rows), rows, size))
+    long = 0
+    for split, n_works in LONG_TEXT_WORKS.items():  # the long texts: prefixes of a few works
+        rows = [r for _, r in read_rows(src / "shakespeare" / f"{split}.jsonl.gz")][:n_works]
+        rows = [{**r, "text": r["text"][:LONG_TEXT_CHARS]} for r in rows]
+        long += write_jsonl_gz(out / "shakespeare" / f"{split}.jsonl.gz", rows)
     print("| sample file | drawn from | source rows | rows | label=1 | bytes |")
     print("|---|---|---:|---:|---:|---:|")
     for name, origin, n_src, sample, size in lines:
         pos = sum(int(r["label"]) == 1 for r in sample)
         print(f"| {name}.jsonl.gz | {origin} | {n_src} | {len(sample)} | {pos} | {size} |")
         total += size
-    print(f"total: {total} bytes")
+    print(f"total: {total} bytes (and {long} bytes of long texts in shakespeare/)")
     return 0
 
 

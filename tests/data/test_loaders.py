@@ -111,7 +111,8 @@ def test_samples_load_and_are_balanced(task, monkeypatch):
 
 def test_samples_total_size_and_origins():
     files = sorted(SAMPLES_DIR.glob("*/*.jsonl.gz"))
-    assert len(files) == 9
+    assert len(files) == 12  # 9 task samples and 3 of the long texts (shakespeare/)
+    assert len([f for f in files if f.parent.name == "shakespeare"]) == 3
     assert sum(f.stat().st_size for f in files) < 1_000_000
     ex = load_task("qqp", "validation", SAMPLES_DIR)
     assert "qqp/validation_half" in ex.description  # the sample's real origin is named
@@ -186,6 +187,14 @@ def test_samples_are_reproducible_and_verbatim(tmp_path):
         assert (tmp_path / rel).read_bytes() == (SAMPLES_DIR / rel).read_bytes(), rel
     for rel in shipped:  # every sample row is a row of its source file, unchanged
         task, split = rel.parts[0], rel.name.removesuffix(".jsonl.gz")
+        if task == "shakespeare":  # the long texts: a work's first characters, other keys kept
+            works = {r["work"]: r for _, r in read_rows(REAL_DATA / f"{task}/{split}.jsonl.gz")}
+            for _, r in read_rows(SAMPLES_DIR / rel):
+                full = works[r["work"]]
+                assert full["text"].startswith(r["text"]) and len(r["text"]) == 24000
+                assert {k: v for k, v in r.items() if k != "text"} == {
+                    k: v for k, v in full.items() if k != "text"}
+            continue
         origin = SAMPLE_ORIGINS.get((task, split), f"{task}/{split}")
         source = {
             json.dumps(r, sort_keys=True) for _, r in read_rows(REAL_DATA / f"{origin}.jsonl.gz")
