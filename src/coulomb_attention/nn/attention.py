@@ -588,15 +588,19 @@ class KernelAttention(nn.Module):
                 initial_state=inner, output_final_state=True, **kw)
         if name == "none":
             return self.expand_kv(v), None
-        if name == "softmax":
+        if name == "softmax":  # the KV cache grows as Hugging Face's DynamicCache does
             kc = k if inner is None else torch.cat([inner.k, k.to(inner.k)], 2)
             vc = v if inner is None else torch.cat([inner.v, v.to(inner.v)], 2)
             T, S = q.shape[2], kc.shape[2]
-            seen = torch.arange(S, device=q.device)[None, :] <= torch.arange(
-                S - T, S, device=q.device)[:, None]  # (T, S): keys at or before each query
-            out = F.scaled_dot_product_attention(q, self.expand_kv(kc).to(q),
-                                                 self.expand_kv(vc).to(q), attn_mask=seen,
-                                                 scale=1.0)
+            gqa = dict(enable_gqa=True) if kc.shape[1] != q.shape[1] else {}
+            if T == S or T == 1:  # a prefill (causal) or one new token (every key)
+                out = F.scaled_dot_product_attention(q, kc.to(q), vc.to(q), scale=1.0,
+                                                     is_causal=T > 1, **gqa)
+            else:
+                seen = torch.arange(S, device=q.device)[None, :] <= torch.arange(
+                    S - T, S, device=q.device)[:, None]  # (T, S): keys at or before each
+                out = F.scaled_dot_product_attention(q, kc.to(q), vc.to(q), attn_mask=seen,
+                                                     scale=1.0, **gqa)
             return out, KVCache(kc, vc)
         if name == "favor":
             if self.mass is not None:
