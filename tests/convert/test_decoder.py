@@ -148,3 +148,31 @@ def test_command_writes_the_hugging_face_directory(tiny_dir, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["convert", "--encoder", "minilm", "--sinks", "4"]) == 2
     assert "apply to --model" in capsys.readouterr().err
+
+
+def test_finishing_is_its_own_row_and_lowers_the_next_token_kl(tiny_dir, tmp_path):
+    """--finish-steps with LoRA: checkpoint/ keeps the transfer row, lowrank/checkpoint/ the
+    finished one (adapters merged: a plain llama directory of the same row), whose next-token
+    KL to the teacher on the finishing documents is lower."""
+    from coulomb_attention.data import long_texts, token_documents
+    from coulomb_attention.nn.families.llama import load
+
+    cfg = _config(tiny_dir, finish_steps=8, finish_lr=0.02, finish_length=48, lora_rank=2)
+    res = convert_decoder(cfg, tmp_path / "fin", progress=False, log=lambda m: None)
+    assert res["finished"]["checkpoint"] == "lowrank/checkpoint"
+    assert res["finished"]["lora_rank"] == 2
+    transfer = from_pretrained(tmp_path / "fin" / "checkpoint")
+    finished = from_pretrained(tmp_path / "fin" / "lowrank" / "checkpoint")
+    assert conversion_spec(finished) == conversion_spec(transfer)
+    teacher, tok = load(tiny_dir)
+    docs = token_documents(tok, long_texts("train")[0], 64, n=3)[:, :48]
+
+    def kl(model):
+        with torch.no_grad():
+            t = torch.log_softmax(teacher(docs), -1)
+            s = torch.log_softmax(model(docs), -1)
+        return float((t.exp() * (t - s)).sum(-1).mean())
+
+    assert kl(finished) < kl(transfer)
+    with pytest.raises(ValueError, match="finishing needs"):
+        _config(tiny_dir, lora_rank=2)

@@ -194,6 +194,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="your own long texts: a .jsonl(.gz) with a 'text' column or a text file")
     g.add_argument("--window-steps", type=int, default=None,
                    help="Adam steps of the window weights per layer (default: 100)")
+    g.add_argument("--finish-steps", type=int, default=None,
+                   help="end-to-end finishing after the transfer: particles, window weights "
+                        "(and --lora-rank adapters) by Adam on the teacher's next-token "
+                        "distribution; its own row in OUT/lowrank (default: 0, none)")
+    g.add_argument("--finish-lr", type=float, default=None, help="(default: 0.01)")
+    g.add_argument("--finish-length", type=int, default=None,
+                   help="tokens per finishing document (default: 512)")
     g.add_argument("--force", action="store_true",
                    help="convert again although --out holds a finished conversion")
     add_progress(p)

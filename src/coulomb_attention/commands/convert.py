@@ -96,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
         return run_decoder(args)
     decoder_only = [f"--{k.replace('_', '-')}" for k in ("sinks", "linear_only", "fixed",
                                                          "method", "fit_length", "docs",
-                                                         "texts", "window_steps", "force")
+                                                         "texts", "window_steps", "force",
+                                                         "finish_steps", "finish_lr",
+                                                         "finish_length")
                     if getattr(args, k) not in (None, False)]
     if decoder_only:
         raise ValueError(f"{', '.join(decoder_only)} apply to --model (causal language "

@@ -26,7 +26,9 @@ DECODER_FLAGS = {"model": "model", "feature_map": "feature_map", "n_features": "
                  "fit_length": "fit_length", "docs": "n_docs", "holdout": "holdout",
                  "rows": "rows_per_sequence", "batch_size": "batch_size", "steps": "steps",
                  "output_weight": "output_weight", "window_steps": "window_steps",
-                 "lam": "lam", "eta": "eta", "eta_end": "eta_end"}
+                 "lam": "lam", "eta": "eta", "eta_end": "eta_end",
+                 "finish_steps": "finish_steps", "finish_lr": "finish_lr",
+                 "finish_length": "finish_length", "lora_rank": "lora_rank"}
 
 
 def decoder_config_from_args(args: argparse.Namespace):
@@ -35,8 +37,6 @@ def decoder_config_from_args(args: argparse.Namespace):
 
     given = [f"--{k.replace('_', '-')}" for k in ENCODER_ONLY
              if getattr(args, k, None) not in (None, False, [])]
-    if args.lora_rank:
-        given.append("--lora-rank")
     if given:
         raise ValueError(f"{', '.join(given)} apply to encoders, not to --model")
     if args.window is not None and args.window <= 0:
@@ -77,5 +77,11 @@ def run_decoder(args: argparse.Namespace) -> int:
         hf = export_llama(model, tok, art.hf, res["row"],
                           learned=cfg.learned and cfg.linear, base_model=cfg.model)
         print(f"wrote {hf} (AutoModelForCausalLM, trust_remote_code=True; row: {res['row']})")
+        if res.get("finished"):
+            model, tok = load_converted(art.lowrank_checkpoint)
+            row = f"{res['row']}, finished end to end (LoRA rank {cfg.lora_rank})"
+            hf = export_llama(model, tok, art.lowrank_hf, row, learned=True,
+                              base_model=cfg.model)
+            print(f"wrote {hf} (the finished row)")
     print(f"wrote {args.out}")
     return 0

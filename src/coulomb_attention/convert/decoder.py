@@ -25,6 +25,7 @@ import copy
 import dataclasses
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ from .artifact import Artifact
 from .distill import DistillConfig, WindowFitConfig, distill_attention
 from .pipeline import _load_progress, _save_progress
 
-__all__ = ["DecoderConfig", "convert_decoder", "load_converted"]
+__all__ = ["DecoderConfig", "convert_decoder", "finish_decoder", "load_converted"]
 
 #: The maps a decoder is converted on (the attention maps with particles).
 DECODER_MAPS = tuple(n for n, s in ATTENTION_FEATURES.items() if s.has_features)
@@ -69,6 +70,12 @@ class DecoderConfig:
     lam : float            Riesz repulsion strength (0: none)
     eta, eta_end : float   the particles' step size (cosine schedule)
     seed : int
+    finish_steps : int     end-to-end finishing after the transfer (:func:`finish_decoder`:
+                           particles, window weights and LoRA adapters by Adam on the teacher's
+                           next-token distribution; 0: none); its own row in ``lowrank/``
+    finish_lr : float      its learning rate
+    finish_length : int    tokens of the finishing documents (the first of each document)
+    lora_rank : int        rank of the finishing's LoRA adapters on q/k/v/out (0: none)
     """
 
     model: str = "smollm2"
@@ -92,6 +99,10 @@ class DecoderConfig:
     eta: float = 3.0
     eta_end: float = 0.3
     seed: int = 0
+    finish_steps: int = 0
+    finish_lr: float = 0.01
+    finish_length: int = 512
+    lora_rank: int = 0
 
     def __post_init__(self) -> None:
         check_choice("feature_map", self.feature_map, DECODER_MAPS)
@@ -99,7 +110,8 @@ class DecoderConfig:
         for name in ("n_features", "fit_length", "n_docs", "rows_per_sequence", "batch_size",
                      "steps"):
             check_positive(name, getattr(self, name), integer=True)
-        for name in ("window", "sinks", "holdout", "window_steps", "seed"):
+        for name in ("window", "sinks", "holdout", "window_steps", "seed", "finish_steps",
+                     "lora_rank"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
@@ -112,8 +124,12 @@ class DecoderConfig:
         for name in ("output_weight", "lam"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("window_lr", "eta", "eta_end"):
+        for name in ("window_lr", "eta", "eta_end", "finish_lr"):
             check_positive(name, getattr(self, name))
+        check_positive("finish_length", self.finish_length, integer=True)
+        if (self.lora_rank or self.finish_steps) and not (self.linear and self.finish_steps):
+            raise ValueError("finishing needs --finish-steps > 0 and a row with a linear term "
+                             "(--lora-rank goes with --finish-steps)")
 
     @property
     def row(self) -> str:
@@ -203,6 +219,19 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
     fit_s = time.perf_counter() - t_fit
     save_pretrained(student, art.checkpoint, tokenizer=tok)
     art.write_records(records)
+    finished = None
+    if config.finish_steps:  # its own row: the transfer row stays in checkpoint/
+        t0 = time.perf_counter()
+        fdocs = docs[:config.n_docs, :config.finish_length]
+        trace = finish_decoder(student, teacher, fdocs, steps=config.finish_steps,
+                               lr=config.finish_lr, lora_rank=config.lora_rank,
+                               seed=config.seed, log=log)
+        save_pretrained(student, art.lowrank_checkpoint, tokenizer=tok)
+        tail = trace[-min(10, len(trace)):]
+        finished = {"checkpoint": Artifact.relative_lowrank_checkpoint(),
+                    "kl_first": trace[0]["kl"],
+                    "kl_last10": sum(r["kl"] for r in tail) / len(tail),
+                    "time_s": time.perf_counter() - t0, "lora_rank": config.lora_rank}
     kl = [(r["kl_before"], r["kl_after"], r.get("holdout_kl_after")) for r in records]
     result = {
         "config": stamp, "row": config.row, "data": source,
@@ -210,12 +239,74 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
         "holdout_documents": int(max(docs.shape[0] - config.n_docs, 0)),
         "row_kl_before": _mean([k[0] for k in kl]), "row_kl_after": _mean([k[1] for k in kl]),
         "holdout_row_kl_after": _mean([k[2] for k in kl]),
+        "finished": finished,
         "time_s": {"fit": fit_s, "total": time.perf_counter() - t_start},
         "threads": torch.get_num_threads(),
     }
     art.write_result(result)
     art.clear_state()
     return result
+
+
+@contextmanager
+def _trainable_window_logits(model):
+    """Within the block the hybrid layers' window logits are parameters (buffers again on
+    exit, holding the trained values)."""
+    layers = [a for a in model.attention_layers if a.window and a.window_linear]
+    for a in layers:
+        a.window_logit = torch.nn.Parameter(a._buffers.pop("window_logit").detach().clone())
+    try:
+        yield [a.window_logit for a in layers]
+    finally:
+        for a in layers:
+            w = a._parameters.pop("window_logit").detach().clone()
+            a.register_buffer("window_logit", w)
+
+
+def finish_decoder(student, teacher, docs: torch.Tensor, *, steps: int, lr: float,
+                   lora_rank: int = 0, batch_size: int = 1, seed: int = 0,
+                   log=print) -> list[dict[str, Any]]:
+    """Finish a converted decoder end to end: the particles, the window weights and, with
+    ``lora_rank > 0``, LoRA adapters on q/k/v/out (merged at the end) trained by Adam on the
+    KL divergence of the student's next-token distribution from the teacher's, over every
+    position of the documents ``docs`` (n, T). Returns one record per step ``{step, kl}``."""
+    from ..nn.attention import trainable_omega
+    from ..nn.lora import add_lora_, lora_parameters, merge_lora_
+
+    check_positive("steps", steps, integer=True)
+    check_positive("lr", lr)
+    g = torch.Generator().manual_seed(seed)
+    teacher.eval()
+    student.train(False)  # no dropout in these models; eval keeps the ops' inference paths
+    if lora_rank:
+        add_lora_(student, lora_rank, generator=g)
+    else:
+        student.requires_grad_(False)
+    records = []
+    with trainable_omega(student) as layers, _trainable_window_logits(student) as logits:
+        params = [a.omega for a in layers] + logits
+        if lora_rank:
+            params += lora_parameters(student)
+        opt = torch.optim.Adam(params, lr=lr)
+        t0 = time.perf_counter()
+        for step in range(steps):
+            idx = torch.randint(0, docs.shape[0], (batch_size,), generator=g)
+            ids = docs[idx]
+            with torch.no_grad():
+                target = torch.log_softmax(teacher(ids), -1)
+            out = torch.log_softmax(student(ids), -1)
+            kl = (target.exp() * (target - out)).sum(-1).mean()
+            opt.zero_grad()
+            kl.backward()
+            opt.step()
+            records.append({"step": step, "kl": kl.item()})
+            if step % 10 == 0 or step == steps - 1:
+                log(f"  finish step {step + 1}/{steps}: next-token KL {kl.item():.4f} "
+                    f"({time.perf_counter() - t0:.0f} s)")
+    if lora_rank:
+        merge_lora_(student)
+    student.requires_grad_(False)
+    return records
 
 
 def _mean(xs):

@@ -198,7 +198,11 @@ def merge_lora_(model: nn.Module) -> nn.Module:
     """Fold every adapter into its map's weight, in place; returns ``model`` (same class, the
     original parameter names and shapes). A non-finite adapter raises ``ValueError``."""
     for site in dict.fromkeys(LORA_SITES.values()):
-        for owner in site(model):
+        try:
+            owners = site(model)
+        except TypeError:  # a model without these sites (a decoder's MLP names differ)
+            continue
+        for owner in owners:
             done: dict[int, nn.Linear] = {}
             for t in (n for n, s in LORA_SITES.items() if s is site):
                 mod = getattr(owner, t, None)
