@@ -176,3 +176,21 @@ def test_finishing_is_its_own_row_and_lowers_the_next_token_kl(tiny_dir, tmp_pat
     assert kl(finished) < kl(transfer)
     with pytest.raises(ValueError, match="finishing needs"):
         _config(tiny_dir, lora_rank=2)
+
+
+def test_finishing_a_finished_transfer_reuses_it(tiny_dir, tmp_path):
+    """A finished transfer asked for again with finishing: the transfer row is reused (its
+    checkpoint unchanged), only the finishing runs; another transfer still raises."""
+    out = tmp_path / "two_stages"
+    convert_decoder(_config(tiny_dir), out, progress=False, log=lambda m: None)
+    before = (out / "checkpoint" / "model.safetensors").read_bytes()
+    logs = []
+    res = convert_decoder(_config(tiny_dir, finish_steps=2, finish_length=32), out,
+                          progress=False, log=logs.append)
+    assert any("reusing its transfer row" in m for m in logs)
+    assert res["finished"] is not None and res["config"]["finish_steps"] == 2
+    assert (out / "checkpoint" / "model.safetensors").read_bytes() == before
+    assert (out / "lowrank" / "checkpoint" / "config.json").is_file()
+    with pytest.raises(ValueError, match="another configuration"):
+        convert_decoder(_config(tiny_dir, steps=7, finish_steps=2), out, progress=False,
+                        log=lambda m: None)

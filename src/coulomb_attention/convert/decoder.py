@@ -166,7 +166,6 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
     A finished directory is returned as it is (``force=True`` converts again); an unfinished
     one with the same configuration resumes at its next layer (another configuration raises).
     """
-    from ..data import long_texts, token_documents
     from ..nn.families.llama import load, save_pretrained
 
     if not isinstance(config, DecoderConfig):
@@ -175,10 +174,20 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
     stamp = dataclasses.asdict(config)
     if art.is_finished() and not force:
         result = art.read_result()
-        if result.get("config") != stamp:
+        if result.get("config") == stamp:
+            log(f"{art.root} is already converted ({config.row}); --force converts again")
+            return result
+        if not (config.finish_steps and _transfer(result.get("config") or {}) == _transfer(stamp)):
             raise ValueError(f"{art.root} holds a finished conversion with another "
                              "configuration; use another --out or --force")
-        log(f"{art.root} is already converted ({config.row}); --force converts again")
+        # the same transfer with another finishing: reuse the transfer row, finish it
+        log(f"{art.root}: reusing its transfer row; finishing it ({config.finish_steps} steps)")
+        teacher, tok = load(config.model)
+        student, _ = load(art.checkpoint)
+        docs, _ = _documents(config, tok, data_dir, texts, log)
+        result = {**result, "config": stamp,
+                  "finished": _finish_stage(config, student, teacher, docs, tok, art, log)}
+        art.write_result(result)
         return result
     if force:
         art.clear_state()
@@ -193,15 +202,7 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
         raise ValueError(f"window + sinks = {config.window + config.sinks} leave no key to the "
                          f"linear term in documents of {config.fit_length} tokens")
     student = _build(teacher, config)
-    texts_list, source = long_texts("train", data_dir, texts)
-    if source.startswith("sample:"):
-        log("WARNING: fitting on the small shipped sample of long texts (smoke test only); "
-            "pass --data-dir (e.g. ../shared/data) or --texts for a real conversion")
-    n = config.n_docs + config.holdout
-    docs = token_documents(tok, texts_list, config.fit_length, n=n)
-    if docs.shape[0] < n:
-        log(f"note: {docs.shape[0]} documents of {config.fit_length} tokens available, "
-            f"{n} asked for")
+    docs, source = _documents(config, tok, data_dir, texts, log)
     records: list[dict] = []
     t_fit = time.perf_counter()
     if config.learned and config.linear:
@@ -219,19 +220,8 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
     fit_s = time.perf_counter() - t_fit
     save_pretrained(student, art.checkpoint, tokenizer=tok)
     art.write_records(records)
-    finished = None
-    if config.finish_steps:  # its own row: the transfer row stays in checkpoint/
-        t0 = time.perf_counter()
-        fdocs = docs[:config.n_docs, :config.finish_length]
-        trace = finish_decoder(student, teacher, fdocs, steps=config.finish_steps,
-                               lr=config.finish_lr, lora_rank=config.lora_rank,
-                               seed=config.seed, log=log)
-        save_pretrained(student, art.lowrank_checkpoint, tokenizer=tok)
-        tail = trace[-min(10, len(trace)):]
-        finished = {"checkpoint": Artifact.relative_lowrank_checkpoint(),
-                    "kl_first": trace[0]["kl"],
-                    "kl_last10": sum(r["kl"] for r in tail) / len(tail),
-                    "time_s": time.perf_counter() - t0, "lora_rank": config.lora_rank}
+    finished = (_finish_stage(config, student, teacher, docs, tok, art, log)
+                if config.finish_steps else None)
     kl = [(r["kl_before"], r["kl_after"], r.get("holdout_kl_after")) for r in records]
     result = {
         "config": stamp, "row": config.row, "data": source,
@@ -307,6 +297,47 @@ def finish_decoder(student, teacher, docs: torch.Tensor, *, steps: int, lr: floa
         merge_lora_(student)
     student.requires_grad_(False)
     return records
+
+
+#: the fields of the finishing stage (the transfer before it does not depend on them)
+FINISH_FIELDS = ("finish_steps", "finish_lr", "finish_length", "lora_rank")
+
+
+def _transfer(stamp: dict) -> dict:
+    return {k: v for k, v in stamp.items() if k not in FINISH_FIELDS}
+
+
+def _documents(config: DecoderConfig, tok, data_dir, texts, log):
+    """The training and held-out documents ``(n, fit_length)`` and their source."""
+    from ..data import long_texts, token_documents
+
+    texts_list, source = long_texts("train", data_dir, texts)
+    if source.startswith("sample:"):
+        log("WARNING: fitting on the small shipped sample of long texts (smoke test only); "
+            "pass --data-dir (e.g. ../shared/data) or --texts for a real conversion")
+    n = config.n_docs + config.holdout
+    docs = token_documents(tok, texts_list, config.fit_length, n=n)
+    if docs.shape[0] < n:
+        log(f"note: {docs.shape[0]} documents of {config.fit_length} tokens available, "
+            f"{n} asked for")
+    return docs, source
+
+
+def _finish_stage(config, student, teacher, docs, tok, art: Artifact, log) -> dict:
+    """The finishing (its own row in ``lowrank/``; the transfer row stays in
+    ``checkpoint/``), on the training documents' first ``finish_length`` tokens."""
+    from ..nn.families.llama import save_pretrained
+
+    t0 = time.perf_counter()
+    fdocs = docs[:config.n_docs, :config.finish_length]
+    trace = finish_decoder(student, teacher, fdocs, steps=config.finish_steps,
+                           lr=config.finish_lr, lora_rank=config.lora_rank,
+                           seed=config.seed, log=log)
+    save_pretrained(student, art.lowrank_checkpoint, tokenizer=tok)
+    tail = trace[-min(10, len(trace)):]
+    return {"checkpoint": Artifact.relative_lowrank_checkpoint(), "kl_first": trace[0]["kl"],
+            "kl_last10": sum(r["kl"] for r in tail) / len(tail),
+            "time_s": time.perf_counter() - t0, "lora_rank": config.lora_rank}
 
 
 def _mean(xs):
