@@ -187,6 +187,9 @@ ALLOWED_OPTIMISERS = {
     "model parameter, particles frozen as buffers",
     ("convert/finish.py", "torch.optim.Adam"): "the low-rank finishing of a converted encoder: "
     "its adapter and bias parameters, not particles",
+    ("convert/decoder.py", "torch.optim.Adam"): "the end-to-end finishing of a converted "
+    "decoder (after the particle transfer): the whole model's next-token KL moves particles, "
+    "window weights and adapters together, as the end2end ablation (trainable_omega) does",
 }
 
 #: comparisons of a method / optimiser name with a method outside dynamics/, each not a choice
