@@ -31,6 +31,9 @@ WRAPPERS: dict[str, set[str]] = {
     # remote code of the Hugging Face directory cannot import this package: its copy is
     # checked map by map by tests/export/test_hf.py (round trip of every exportable map)
     "export/modeling_coulomb_bert.py": {"feature_logits", "kernel_features", "hybrid_features"},
+    # the same for the causal LM's remote code: tests/export/test_llama_hf.py compares its
+    # logits with the package's for every exported row (favor, hedgehog, hybrid, StreamingLLM)
+    "export/modeling_coulomb_llama.py": {"favor_logits", "features"},
 }
 
 
