@@ -5,19 +5,17 @@ with the context, and a converted model saves and loads (safetensors) to the sam
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from coulomb_attention.nn.families.llama import (
-    LlamaConfig,
     LlamaForCausalLM,
     conversion_spec,
     convert_attention_,
     from_pretrained,
     save_pretrained,
 )
+from helpers import tiny_llama
 
 ROWS = {
     "teacher": None,
@@ -31,22 +29,7 @@ ROWS = {
 
 
 def _model(row: str, seed: int = 0) -> LlamaForCausalLM:
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=1e4,
-                      max_positions=2048)
-    model = LlamaForCausalLM(cfg).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            scale = 0.2 if name.endswith("norm.weight") else 1 / math.sqrt(p.shape[-1])
-            p.copy_(name.endswith("norm.weight") + scale * torch.randn(p.shape, generator=g))
-    if ROWS[row] is not None:
-        convert_attention_(model, n_features=16, generator=1, **ROWS[row])
-        for a in model.attention_layers:
-            if a.window:
-                with torch.no_grad():
-                    a.window_logit.uniform_(-1.0, 1.0, generator=g)
-    return model
+    return tiny_llama(seed, row=ROWS[row], window_logits=True)
 
 
 @pytest.mark.parametrize("row", sorted(ROWS))

@@ -18,18 +18,13 @@ from coulomb_attention.nn.families.llama import (
     convert_attention_,
     save_pretrained,
 )
+from helpers import byte_tokenizer
 
 PROMPT = "The particles repel"
 
 
 def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # 256 byte symbols, no merges
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    return tok
+    return byte_tokenizer()
 
 
 def _model(row: str | None = None, max_positions: int = 64) -> LlamaForCausalLM:

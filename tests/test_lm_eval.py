@@ -9,7 +9,6 @@ and the command refuses bad input with one line and exit 2."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -18,13 +17,13 @@ import torch.nn.functional as F
 from coulomb_attention.cli import main
 from coulomb_attention.convert import lm_eval as m
 from coulomb_attention.nn.families.llama import (
-    LlamaConfig,
     LlamaForCausalLM,
     convert_attention_,
     save_pretrained,
 )
 from coulomb_attention.reports.lm_eval import load_rows, pairs, summarise, unit_key
 from coulomb_attention.studies import lm_eval as study
+from helpers import byte_tokenizer, tiny_llama
 
 ROWS = {
     "teacher": None,
@@ -35,29 +34,11 @@ ROWS = {
 
 
 def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    return tok
+    return byte_tokenizer()
 
 
 def _model(row: str = "teacher", seed: int = 0) -> LlamaForCausalLM:
-    cfg = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=48, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=1e4,
-                      max_positions=2048)
-    model = LlamaForCausalLM(cfg).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            scale = 0.2 if name.endswith("norm.weight") else 1 / math.sqrt(p.shape[-1])
-            p.copy_(name.endswith("norm.weight") + scale * torch.randn(p.shape, generator=g))
-    if ROWS[row] is not None:
-        convert_attention_(model, n_features=16, generator=1, **ROWS[row])
-    return model
+    return tiny_llama(seed, row=ROWS[row], vocab_size=256)
 
 
 def _full_nll(model, ids):

@@ -4,44 +4,25 @@ redone, a killed conversion resumes to the same particles, and bad rows fail in 
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from coulomb_attention.convert import decoder as D
 from coulomb_attention.convert.decoder import DecoderConfig, convert_decoder
 from coulomb_attention.nn.families.llama import (
-    LlamaConfig,
-    LlamaForCausalLM,
     conversion_spec,
     from_pretrained,
     save_pretrained,
 )
+from helpers import byte_tokenizer, tiny_llama
 
 
-def _byte_tokenizer() -> Tokenizer:
-    """Byte-level BPE without merges: one token per byte (256 tokens)."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    return tok
-
+def _byte_tokenizer():
+    return byte_tokenizer()
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    cfg = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=48, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=1e4,
-                      max_positions=256)
-    model = LlamaForCausalLM(cfg).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            scale = 0.2 if name.endswith("norm.weight") else 1 / math.sqrt(p.shape[-1])
-            p.copy_(name.endswith("norm.weight") + scale * torch.randn(p.shape, generator=g))
+    model = tiny_llama(vocab_size=256, max_positions=256)
     path = tmp_path_factory.mktemp("tiny_llama")
     save_pretrained(model, path, tokenizer=_byte_tokenizer())
     return path

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -24,10 +23,10 @@ from coulomb_attention.export.llama_hf import (  # noqa: E402
     llama_hf_config,
 )
 from coulomb_attention.nn.families.llama import (  # noqa: E402
-    LlamaConfig,
     LlamaForCausalLM,
     convert_attention_,
 )
+from helpers import tiny_llama  # noqa: E402
 
 V = 64
 ROWS = {
@@ -42,22 +41,8 @@ ROWS = {
 def _model(row: str, seed: int = 0, tie: bool = False) -> LlamaForCausalLM:
     """A tiny random llama (GQA: 4 query heads, 2 KV heads) with O(1) logits, converted to
     ``row`` with 16 particles per KV head (window weights drawn away from their start)."""
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_layers=2,
-                      num_heads=4, num_kv_heads=2, head_dim=8, rope_theta=1e4,
-                      max_positions=2048, tie_embeddings=tie, bos_token_id=1, eos_token_id=None)
-    model = LlamaForCausalLM(cfg).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            scale = 0.2 if name.endswith("norm.weight") else 1 / math.sqrt(p.shape[-1])
-            p.copy_(name.endswith("norm.weight") + scale * torch.randn(p.shape, generator=g))
-    if ROWS[row] is not None:
-        convert_attention_(model, n_features=16, generator=1, **ROWS[row])
-        for a in model.attention_layers:
-            if a.window:
-                with torch.no_grad():
-                    a.window_logit.uniform_(-1.0, 1.0, generator=g)
-    return model
+    return tiny_llama(seed, row=ROWS[row], window_logits=True, vocab_size=V,
+                      tie_embeddings=tie, bos_token_id=1, eos_token_id=None)
 
 
 def _tokenizer():
