@@ -242,3 +242,29 @@ def test_grouped_heads_equal_repeated_heads():
             full.load_features_(g.omega.repeat_interleave(2, 0))
         x = torch.randn(2, 9, 32, generator=_gen(9), dtype=torch.float64)
         assert rel_err(g(x), full(x)) < 1e-12
+
+
+@pytest.mark.parametrize("name", ["favor", "hedgehog"])
+@pytest.mark.parametrize("cuts", [(1, 3), (2, 9), (5, 6), (9, 16)])
+def test_hybrid_blocks_after_a_state_equal_the_parallel_forward(name, cuts):
+    """A prefill, then blocks (chunked, not token by token), then steps: the window of a
+    block's first rows reaches into the ring buffer and the sinks (also before all sinks are
+    seen), its delayed keys come from the ring buffer or the block."""
+    layer = _layer(name, kv_heads=2, window=4, sinks=3)
+    layer.chunk_size = 3  # blocks longer than a chunk
+    x = torch.randn(2, 23, 32, generator=_gen(12), dtype=torch.float64)
+    ref = layer(x)
+    a, b = cuts
+    out1, st = layer(x[:, :a], output_state=True)
+    out2, st = layer(x[:, a:b], state=st, output_state=True)
+    out3, st = layer(x[:, b:20], state=st, output_state=True)
+    rest, st = _steps_from(layer, x, 20, st)
+    assert rel_err(torch.cat([out1, out2, out3, rest], 1), ref) < 1e-10
+
+
+def _steps_from(layer, x, start, state):
+    outs = []
+    for t in range(start, x.shape[1]):
+        out, state = layer.step(x[:, t:t + 1], state)
+        outs.append(out)
+    return torch.cat(outs, 1), state

@@ -170,6 +170,59 @@ def _parallel(q, k, v, gamma, window, sinks, linear, chunk, linear_on):
     return out, HybridState(lstate, k[:, :, :S], v[:, :, :S], ring_k, ring_v, L)
 
 
+def _continue(q, k, v, gamma, window, sinks, linear, chunk, state, linear_on):
+    """A block of ``T`` positions after ``state`` (chunked, as :func:`_parallel`): the window
+    of its first rows reaches back into the ring buffer and the sinks, its delayed keys come
+    from the ring buffer or the block itself. Returns ``(out, new_state)``."""
+    B, H, T, _ = q.shape
+    hk = k.shape[1]
+    G = H // hk
+    t0, dev = state.seen, q.device
+    n_ring = min(window, max(t0 - sinks, 0))
+    pos_ring = torch.arange(t0 - n_ring, t0, device=dev)  # the ring's keys in position order
+    slots = (pos_ring - sinks) % window
+    ext_k = torch.cat([state.ring_k[:, :, slots], k], 2)  # positions t0 - n_ring .. t0 + T - 1
+    ext_v = torch.cat([state.ring_v[:, :, slots], v], 2)
+    first = t0 - n_ring
+    pos_new = torch.arange(t0, t0 + T, device=dev)
+    lstate = state.linear
+    if linear_on:  # the key at t - W enters the linear state at t (never a sink)
+        src = pos_new - window
+        real = src >= sinks
+        idx = (src - first).clamp_min(0)
+        kd = ext_k[:, :, idx] * real[None, None, :, None].to(k.dtype)
+        vd = ext_v[:, :, idx] * real[None, None, :, None].to(v.dtype)
+        n_lin, log_lin, lstate = _linear_branch(q, (kd, real[None].expand(B, T)), vd, linear,
+                                                lstate, chunk)
+    n_sink = state.sink_k.shape[2]
+    cand_pos = torch.cat([torch.arange(n_sink, device=dev),
+                          torch.arange(first, t0 + T, device=dev)])
+    cand_k = torch.cat([state.sink_k, ext_k], 2)
+    cand_v = torch.cat([state.sink_v, ext_v], 2)
+    qg = q.view(B, hk, G, T, -1)
+    outs = []
+    for b0 in range(0, T, chunk):
+        b1 = min(b0 + chunk, T)
+        t = pos_new[b0:b1, None]
+        allowed = (cand_pos[None] <= t) & ((cand_pos[None] < sinks) | (cand_pos[None] > t - window))
+        keep = allowed.any(0)  # the candidates some row of the block sees
+        kb, vb = cand_k[:, :, keep], cand_v[:, :, keep]
+        logits = qg[:, :, :, b0:b1] @ kb.unsqueeze(2).transpose(-1, -2)  # (B, Hk, G, c, K)
+        nl = n_lin[..., b0:b1, :] if linear_on else None
+        ll = log_lin[..., b0:b1, :] if linear_on else None
+        outs.append(_combine(logits, allowed[:, keep], vb.unsqueeze(2), nl, ll, gamma,
+                             linear_on))
+    out = _ungroup(torch.cat(outs, -2))
+    take = max(0, min(sinks - t0, T))  # new tokens that are sinks
+    sink_k = torch.cat([state.sink_k, k[:, :, :take]], 2)
+    sink_v = torch.cat([state.sink_v, v[:, :, :take]], 2)
+    ring_k, ring_v = state.ring_k.clone(), state.ring_v.clone()
+    last = torch.arange(max(sinks, t0 + T - window, t0), t0 + T, device=dev)
+    ring_k[:, :, (last - sinks) % window] = k[:, :, last - t0]
+    ring_v[:, :, (last - sinks) % window] = v[:, :, last - t0]
+    return out, HybridState(lstate, sink_k, sink_v, ring_k, ring_v, t0 + T)
+
+
 def _step(q, k, v, gamma, window, sinks, linear, state, linear_on):
     """One position (``L = 1``) after ``state``: ``(out, new_state)``."""
     B, H, _, _ = q.shape
@@ -220,8 +273,8 @@ def streaming_attention(
     initial_state: HybridState | None = None,
     output_final_state: bool = False,
 ):
-    """The causal hybrid of the module docstring, from position 0 (chunked) or continuing a
-    state (token by token).
+    """The causal hybrid of the module docstring, from position 0 or continuing a state
+    (chunked either way; one position is one decoding step).
 
     Parameters
     ----------
@@ -260,13 +313,11 @@ def streaming_attention(
         q, k, vv, gamma = q.to(dt), k.to(dt), v.to(dt), gamma.to(dt)
         if initial_state is None:
             out, state = _parallel(q, k, vv, gamma, window, sinks, spec, chunk_size, linear)
-        else:
-            state, outs = initial_state, []
-            for t in range(q.shape[2]):
-                o, state = _step(q[:, :, t:t + 1], k[:, :, t:t + 1], vv[:, :, t:t + 1],
-                                 gamma, window, sinks, spec, state, linear)
-                outs.append(o)
-            out = torch.cat(outs, 2)
+        elif q.shape[2] == 1:  # one decoding step
+            out, state = _step(q, k, vv, gamma, window, sinks, spec, initial_state, linear)
+        else:  # a block after a state (a prompt after a conversation, chunked prefill)
+            out, state = _continue(q, k, vv, gamma, window, sinks, spec, chunk_size,
+                                   initial_state, linear)
     out = out.to(v.dtype)
     return (out, state) if output_final_state else out
 
