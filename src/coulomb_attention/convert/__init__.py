@@ -10,7 +10,10 @@ The package, lowest first:
 * :mod:`~.evaluate` fidelity, probes, pseudo-documents; :mod:`~.timing` forward timings;
 * :mod:`~.artifact` the one reader and writer of a conversion directory (torch-free);
 * :mod:`~.pipeline` one conversion end to end (:func:`convert_encoder`), the cache and the
-  in-memory :class:`Conversion` a training run's phase A receives (:func:`cached_conversion`).
+  in-memory :class:`Conversion` a training run's phase A receives (:func:`cached_conversion`);
+* :mod:`~.decoder` a causal language model's conversion (:func:`convert_decoder`: the same
+  distillation on long documents, every row, the end-to-end finishing); :mod:`~.lm_eval` its
+  evaluation (perplexity by position, passkey, repeated text).
 
 Result files: ``records.jsonl`` (per layer and head group: row KL / output MSE before and
 after), ``result.json`` (config, fidelity, probes, times); reports and plots are made from them
@@ -39,12 +42,15 @@ _EXPORTS = {
     "Conversion": "pipeline", "cached_conversion": "pipeline", "convert_encoder": "pipeline",
     "load_conversion": "pipeline",
     "speed_table": "timing", "time_forward": "timing",
+    "DecoderConfig": "decoder", "convert_decoder": "decoder", "finish_decoder": "decoder",
+    "load_converted": "decoder",
 }
 
 __all__ = [
     "Artifact",
     "Conversion",
     "ConvertConfig",
+    "DecoderConfig",
     "EVAL_FIELDS",
     "VARIANTS",
     "cached_conversion",
@@ -52,14 +58,17 @@ __all__ = [
     "config_of_result",
     "conversion_key",
     "conversion_of_run",
+    "convert_decoder",
     "convert_encoder",
     "document_fidelity",
     "embed",
     "embedding_fidelity",
     "evaluate_conversion",
     "evaluate_encoder",
+    "finish_decoder",
     "held_out",
     "load_conversion",
+    "load_converted",
     "load_sentences",
     "position_cap",
     "probe_features",
@@ -96,6 +105,7 @@ if TYPE_CHECKING:
         conversion_of_run,
     )
     from .data import load_sentences, position_cap, read_sentence_file
+    from .decoder import DecoderConfig, convert_decoder, finish_decoder, load_converted
     from .evaluate import (
         document_fidelity,
         embed,
