@@ -66,7 +66,6 @@ class DecodeState(NamedTuple):
         return 0 if self.inner is None else int(self.inner.nbytes())
 
 
-
 #: One entry of :data:`ATTENTION_FEATURES`: the feature-map registry's entry
 #: (:class:`coulomb_attention.features.FeatureMap`).
 AttentionFeature = features.FeatureMap
