@@ -17,7 +17,7 @@ from .distill import DistillConfig, WindowFitConfig
 from .finish import FinishConfig
 
 __all__ = ["EVAL_FIELDS", "VARIANTS", "ConvertConfig", "config_json", "config_of_result",
-           "conversion_key", "conversion_of_run"]
+           "conversion_key", "conversion_of_run", "document_budget"]
 
 #: Variants of the comparison: how the particles are obtained.
 VARIANTS = ("vanilla", "particles", "hedgehog", "softmax")
@@ -65,6 +65,17 @@ class ConvertConfig:
                               positions); empty: none (default)
     doc_count : int           pseudo-documents per length (>= 3)
     doc_task : str            the task whose evaluation texts are concatenated
+    fit_documents : int       fit on documents of this many tokens instead of sentences: the
+                              training texts (``tasks``' training splits or ``sentences_file``)
+                              concatenated into documents of exactly ``fit_documents`` tokens
+                              (:func:`coulomb_attention.convert.data.training_documents`; every
+                              text in one document at most, so the held-out documents share no
+                              text with the fitted ones); the distillation's counts
+                              (``n_examples``, ``holdout``, ``refine_examples``, ``batch_size``)
+                              then count documents (:func:`document_budget` scales the
+                              sentence defaults to the same tokens); at most the model's
+                              positions; 0: sentences of ``max_length`` (default). The held-out
+                              sentence fidelity is measured as without it.
     """
 
     encoder: str = "minilm"
@@ -89,6 +100,7 @@ class ConvertConfig:
     doc_lengths: tuple[int, ...] = ()
     doc_count: int = 32
     doc_task: str = "rotten_tomatoes"
+    fit_documents: int = 0
 
     def __post_init__(self) -> None:
         maps = [n for n, f in ATTENTION_FEATURES.items() if f.has_features]
@@ -138,6 +150,12 @@ class ConvertConfig:
         if isinstance(self.doc_count, bool) or not isinstance(self.doc_count, int) or \
                 self.doc_count < 3:  # Spearman of pairwise cosines needs 2 pairs or more
             raise ValueError(f"doc_count must be an integer >= 3, got {self.doc_count!r}")
+        f = self.fit_documents
+        if isinstance(f, bool) or not isinstance(f, int) or f < 0 or 0 < f < 8:
+            raise ValueError(f"fit_documents must be 0 (sentences) or an integer >= 8 "
+                             f"(tokens per document), got {f!r}")
+        if f and self.distill.pairs:
+            raise ValueError("fit_documents and pairs are separate inputs; pick one")
 
 
 #: the fields of ConvertConfig that only the evaluation reads (``convert --evaluate`` may
@@ -158,7 +176,31 @@ def config_json(config) -> dict[str, Any]:
     if isinstance(config, ConvertConfig) and not config.doc_lengths:
         for key in ("doc_lengths", "doc_count", "doc_task"):  # and the pseudo-documents'
             d.pop(key)
+    if isinstance(config, ConvertConfig) and not config.fit_documents:
+        d.pop("fit_documents")  # and the documents' (older configurations: the same hash)
     return json.loads(json.dumps(d, default=list))
+
+
+def document_budget(distill: DistillConfig, max_length: int, length: int,
+                    keep: tuple[str, ...] = ()) -> DistillConfig:
+    """``distill`` with its sequence counts scaled from sentences of ``max_length`` tokens to
+    documents of ``length``: the same tokens fitted, held out and refined on, and the same
+    query-key pairs per step (``n_examples``, ``holdout``, ``refine_examples`` and
+    ``batch_size`` times ``max_length / length``, rounded up, at least 8 / 4 / 8 / 1;
+    ``rows_per_sequence`` and the step counts unchanged). Fields named in ``keep`` (set by the
+    user) are left as they are. MiniLM's defaults at 512 tokens: 128 documents fitted, 32
+    held out, 512 refined on, 8 per step."""
+    import math
+
+    if length <= max_length:
+        return distill
+    f = max_length / length
+    floors = {"n_examples": 8, "holdout": 4, "refine_examples": 8, "batch_size": 1}
+    changes = {name: max(low, math.ceil(getattr(distill, name) * f))
+               for name, low in floors.items() if name not in keep}
+    if "holdout" in changes and distill.holdout == 0:
+        changes["holdout"] = 0
+    return dataclasses.replace(distill, **changes)
 
 
 def config_of_result(saved: dict[str, Any]) -> ConvertConfig:

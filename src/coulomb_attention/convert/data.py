@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["encode_texts", "load_sentences", "position_cap", "read_sentence_file"]
+__all__ = ["encode_texts", "load_sentences", "position_cap", "read_sentence_file",
+           "training_documents"]
 
 
 def read_sentence_file(path: str | os.PathLike) -> list[str]:
@@ -65,3 +66,31 @@ def encode_texts(tok, texts, max_length):
                                  max_length=max_length)[:2]
     return ids, mask
 
+
+def training_documents(tok, texts, length: int, n: int, seed: int):
+    """``n`` documents of exactly ``length`` tokens, the ``texts`` (a conversion's training
+    sentences; a pair counts as its two sides) concatenated in a random order (seed ``seed``)
+    by :func:`coulomb_attention.data.documents.pseudo_documents`; every text in one document at
+    most, so any split of the documents keeps its held-out ones apart.
+
+    Returns ``input_ids (n, length)``, ``attention_mask`` (all True) and a summary
+    (``length``, ``n``, ``texts_per_document``, ``texts_used``). Raises ``ValueError`` when the
+    texts hold fewer than ``n`` documents' tokens (fewer documents, or more text, is the fix).
+    """
+    from ..data.documents import pseudo_documents
+
+    flat = [t for x in texts for t in (x if isinstance(x, tuple) else (x,)) if t.strip()]
+    ids, mask, info = pseudo_documents(tok, flat, length, n, seed)
+    if info["reused"]:
+        raise ValueError(
+            f"the {len(flat)} training texts are too few for {n} documents of {length} tokens "
+            "without repeating a text; fit on fewer documents (--n-sentences, --holdout and "
+            "--refine-sentences count documents) or on more text (--sentences FILE)")
+    return ids, mask, {"length": length, "n": n, "texts_per_document":
+                       info["texts_per_document"], "texts_used": info["texts_used"]}
+
+
+def sentences_for_documents(n_documents: int, length: int) -> int:
+    """How many sentences to draw for ``n_documents`` of ``length`` tokens: enough at 4 tokens
+    a sentence (the shortest tasks' phrases average more), plus a document's worth of slack."""
+    return (n_documents + 1) * max(1, (length - 2) // 4)

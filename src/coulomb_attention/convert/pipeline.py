@@ -26,7 +26,14 @@ import torch
 
 from .artifact import Artifact
 from .config import ConvertConfig, config_json, config_of_result, conversion_key
-from .data import encode_texts, load_sentences, position_cap, read_sentence_file
+from .data import (
+    encode_texts,
+    load_sentences,
+    position_cap,
+    read_sentence_file,
+    sentences_for_documents,
+    training_documents,
+)
 from .distill import distill_attention, embedding_data, refine_encoder
 from .evaluate import check_doc_lengths, evaluate_encoder, held_out
 from .finish import finish_lowrank
@@ -118,21 +125,33 @@ def _convert(config: ConvertConfig, out, *, data_dir, progress, log, evaluate):
     if finish_cfg is not None and finish_cfg.rank > model.config.dim:
         raise ValueError(f"LoRA rank must be at most the projections' width "
                          f"{model.config.dim}, got {finish_cfg.rank}")
+    dc = config.distill
+    pool = max(dc.n_examples, dc.refine_examples if dc.refine_steps else 0) + dc.holdout
+    if config.fit_documents > int(bert["max_position_embeddings"]):
+        raise ValueError(f"documents of {config.fit_documents} tokens exceed the model's "
+                         f"{bert['max_position_embeddings']} positions")
     if config.sentences_file:
         sentences = read_sentence_file(config.sentences_file)
-    else:
-        dc = config.distill
-        pool = max(dc.n_examples, dc.refine_examples if dc.refine_steps else 0)
-        sentences = load_sentences(config.tasks, "train", data_dir, pool + dc.holdout,
-                                   config.seed, pairs=dc.pairs)
+    else:  # documents: ``pool`` counts documents, so enough sentences to fill them
+        n = sentences_for_documents(pool, config.fit_documents) if config.fit_documents \
+            else pool
+        sentences = load_sentences(config.tasks, "train", data_dir, n, config.seed,
+                                   pairs=dc.pairs)
     records: list[dict] = []
     refine: dict | None = None
     distill_s = 0.0
     stages: dict[str, Any] = {}  # finished stages after the layers (kernel, finish): resume
     data = None  # the end-to-end stages' batches, shared by the refinement and the finishing
+    documents = None  # with fit_documents: what the training documents are
     trains = config.variant in ("particles", "hedgehog") and config.window_linear
     if trains:
-        ids, mask = encode_texts(tok, sentences, position_cap(model, config.max_length))
+        if config.fit_documents:
+            ids, mask, documents = training_documents(tok, sentences, config.fit_documents,
+                                                      pool, 10_000 + config.seed)
+            log(f"fitting on {len(ids)} documents of {config.fit_documents} tokens "
+                f"({documents['texts_per_document']:.1f} texts each)")
+        else:
+            ids, mask = encode_texts(tok, sentences, position_cap(model, config.max_length))
         dcfg = config.distill
         if config.variant == "hedgehog":
             dcfg = dataclasses.replace(dcfg, method="hedgehog")
@@ -186,6 +205,8 @@ def _convert(config: ConvertConfig, out, *, data_dir, progress, log, evaluate):
     result: dict[str, Any] = {"config": config_json(config), "encoder_dir": str(directory),
                               "n_sentences": len(sentences), "distill_s": distill_s,
                               "refine": refine}
+    if documents is not None:
+        result["fit_documents"] = documents
     if finish_rec is not None:
         result["lowrank"] = {"finish": finish_rec, "checkpoint": art.relative_lowrank_checkpoint(),
                              "conversion_s": distill_s + finish_rec["time_s"]}
