@@ -33,6 +33,26 @@ def test_report_states_the_result_files_numbers(tmp_path):
     assert (tmp_path / "kl.png").is_file()
 
 
+def test_report_puts_the_teachers_probe_beside_when_the_result_holds_it(tmp_path):
+    """With ``teacher_probe`` in result.json: the teacher's accuracy and the share beside each
+    task, in report.md and on the console; without it (committed results) the old table."""
+    from coulomb_attention.reports.convert import result_lines
+
+    res = _result(acc=0.8)
+    (tmp_path / "result.json").write_text(json.dumps(res))
+    old = write_convert_report(tmp_path).read_text()
+    assert "| task | n train | n eval | accuracy | ECE | log-loss |" in old
+    assert "| sst2 | 50 | 20 | 0.8000 | 0.0500 | 0.5000 |" in old and "teacher acc" not in old
+    assert "sst2 probe accuracy 0.8000" in result_lines(res)
+    res["teacher_probe"] = {"sst2": {"n_train": 50, "n_eval": 20, "accuracy": 0.85,
+                                     "ece": 0.04, "log_loss": 0.4}}
+    (tmp_path / "result.json").write_text(json.dumps(res))
+    text = write_convert_report(tmp_path).read_text()
+    assert "| accuracy | teacher accuracy | share | ECE |" in text
+    assert "| sst2 | 50 | 20 | 0.8000 | 0.8500 | 94.1% | 0.0500 | 0.5000 |" in text
+    assert "sst2 probe accuracy 0.8000 (teacher 0.8500)" in result_lines(res)
+
+
 def test_grid_table_means_spreads_and_teacher_shares():
     rows = [_result("softmax", acc=0.8),
             _result(m=16, seed=0, cos=0.90, acc=0.72), _result(m=16, seed=1, cos=0.94, acc=0.76),

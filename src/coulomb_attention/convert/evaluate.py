@@ -6,7 +6,8 @@
   on held-out pseudo-documents (:func:`document_fidelity`) with, for a window, the teacher's
   attention mass inside it (:func:`window_mass`);
 * downstream at CPU cost (:func:`probe_metrics`, :func:`run_probes`): a logistic-regression
-  probe on the frozen embeddings (SST-2, Rotten Tomatoes), accuracy / ECE / log-loss.
+  probe on the frozen embeddings (SST-2, Rotten Tomatoes), accuracy / ECE / log-loss, for the
+  converted encoder and, the same way, for its teacher (``teacher_probe``).
 
 :func:`evaluate_conversion` measures a finished conversion directory again.
 """
@@ -205,16 +206,21 @@ def held_out(teacher, tokenizer, config: ConvertConfig, data_dir=None
 
 
 def evaluate_encoder(model, teacher, tokenizer, config: ConvertConfig, data_dir=None, *,
-                     documents: bool = True, held=None) -> dict[str, Any]:
+                     documents: bool = True, held=None, teacher_probe: bool = True
+                     ) -> dict[str, Any]:
     """``fidelity`` on the held-out sentences (:func:`held_out`; pass its result as ``held``
-    to share it between rows), ``probe`` of ``config.probe_tasks``, with ``documents`` and
-    ``config.doc_lengths`` the pseudo-documents' (:func:`document_fidelity`), and ``eval_s``."""
+    to share it between rows), ``probe`` of ``config.probe_tasks``, with ``teacher_probe``
+    the teacher's probe on the same examples (not when ``model`` is the teacher), with
+    ``documents`` and ``config.doc_lengths`` the pseudo-documents' (:func:`document_fidelity`),
+    and ``eval_s``."""
     t0 = time.perf_counter()
     sentences, target = held if held is not None else held_out(teacher, tokenizer, config,
                                                                data_dir)
     out: dict[str, Any] = {"fidelity": embedding_fidelity(
         target, embed(model, tokenizer, sentences, config.max_length, config.batch_size))}
     out["probe"] = run_probes(model, tokenizer, config, data_dir)
+    if teacher_probe and config.probe_tasks and model is not teacher:
+        out["teacher_probe"] = run_probes(teacher, tokenizer, config, data_dir)
     if documents and config.doc_lengths:
         out["documents"] = document_fidelity(teacher, model, tokenizer, config, data_dir)
     out["eval_s"] = time.perf_counter() - t0
@@ -225,8 +231,9 @@ def evaluate_conversion(directory: str | os.PathLike, changes: dict[str, Any] | 
                         data_dir=None) -> dict[str, Any]:
     """Measure a finished conversion again (its ``checkpoint/``; nothing is trained) with the
     evaluation fields :data:`EVAL_FIELDS` changed by ``changes``; the new ``fidelity``,
-    ``probe``, ``documents`` and the ``evaluation`` settings replace the old ones in
-    ``result.json`` (its ``config`` stays the conversion's: a cache still recognises it)."""
+    ``probe``, ``teacher_probe``, ``documents`` and the ``evaluation`` settings replace the old
+    ones in ``result.json`` (its ``config`` stays the conversion's: a cache still recognises
+    it)."""
     from ..nn.families.bert import load_pretrained_encoder, load_pretrained_tokenizer
 
     art = Artifact(directory)
@@ -244,7 +251,7 @@ def evaluate_conversion(directory: str | os.PathLike, changes: dict[str, Any] | 
     model = (teacher if config.variant == "softmax"
              else load_pretrained_encoder(art.checkpoint))
     tok = load_pretrained_tokenizer(res["encoder_dir"])
-    for key in ("fidelity", "probe", "documents"):
+    for key in ("fidelity", "probe", "teacher_probe", "documents"):
         res.pop(key, None)
     res.update(evaluate_encoder(model, teacher, tok, config, data_dir))
     settings = json.loads(json.dumps(dataclasses.asdict(config), default=list))

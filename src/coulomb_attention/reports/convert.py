@@ -115,17 +115,28 @@ def write_convert_report(directory: str | Path) -> Path:
                          f"{_f(mass['mean'], '.3f') if mass else ''} |")
         lines.append("")
     if "probe" in res:
-        lines += ["## Logistic-regression probe on frozen embeddings", "",
-                  "| task | n train | n eval | accuracy | ECE | log-loss |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for task, m in res["probe"].items():
-            lines.append(f"| {task} | {m['n_train']} | {m['n_eval']} | {m['accuracy']:.4f} | "
-                         f"{m['ece']:.4f} | {m['log_loss']:.4f} |")
-        lines.append("")
+        lines += _probe_lines(res)
     lines += _lowrank_lines(res)
     out = d / "report.md"
     out.write_text("\n".join(lines), encoding="utf-8")
     return out
+
+
+def _probe_lines(res: dict[str, Any]) -> list[str]:
+    """The probe table; with the teacher's probe in ``result.json`` (``teacher_probe``, same
+    examples) its accuracy and the converted model's share of it beside each task."""
+    teacher = res.get("teacher_probe") or {}
+    cols = " teacher accuracy | share |" if teacher else ""
+    lines = ["## Logistic-regression probe on frozen embeddings", "",
+             "| task | n train | n eval | accuracy |" + cols + " ECE | log-loss |",
+             "|---|---:|---:|---:|" + "---:|---:|" * bool(teacher) + "---:|---:|"]
+    for task, m in res["probe"].items():
+        t = teacher.get(task, {}).get("accuracy")
+        beside = (f" {_f(t)} | {_f(m['accuracy'] / t if t else None, '.1%')} |"
+                  if teacher else "")
+        lines.append(f"| {task} | {m['n_train']} | {m['n_eval']} | {m['accuracy']:.4f} |"
+                     f"{beside} {m['ece']:.4f} | {m['log_loss']:.4f} |")
+    return lines + [""]
 
 
 def result_lines(res: dict[str, Any]) -> list[str]:
@@ -141,6 +152,11 @@ def result_lines(res: dict[str, Any]) -> list[str]:
         lines.append(f"{n}-token pseudo-documents: cosine mean {row['cos_mean']:.4f}, p5 "
                      f"{row['cos_p5']:.4f}" + (f"; teacher attention inside the window "
                                                f"{mass['mean']:.3f}" if mass else ""))
+    teacher = res.get("teacher_probe") or {}
+    for task, m in (res.get("probe") or {}).items():
+        t = teacher.get(task, {}).get("accuracy")
+        lines.append(f"{task} probe accuracy {m['accuracy']:.4f}"
+                     + (f" (teacher {t:.4f})" if t is not None else ""))
     low = res.get("lowrank")
     if low and "fidelity" in low:
         fid, fin = low["fidelity"], low["finish"]
@@ -186,6 +202,10 @@ def _lowrank_lines(res: dict[str, Any]) -> list[str]:
         lines.append(f"| {name} | {trained} | {secs:.0f} | {fid['cos_mean']:.4f} | "
                      f"{fid['cos_p5']:.4f} | {fid['spearman']:.4f} | "
                      + " | ".join(_f(probe.get(t, {}).get("accuracy")) for t in tasks) + " |")
+    teacher = res.get("teacher_probe")
+    if teacher:  # the accuracies both rows are measured against
+        lines.append("| teacher (softmax) | | | | | | "
+                     + " | ".join(_f(teacher.get(t, {}).get("accuracy")) for t in tasks) + " |")
     return lines + [""]
 
 
@@ -293,6 +313,8 @@ def _row_metrics(res: dict[str, Any]) -> dict[str, float]:
             out[f"{n}-token teacher mass in window"] = row["window_mass"]["mean"]
     for task, m in (res.get("probe") or {}).items():
         out[f"{task} probe acc"] = m["accuracy"]
+    for task, m in (res.get("teacher_probe") or {}).items():  # never paired: not the row's
+        out[f"{task} teacher probe acc"] = m["accuracy"]
     out["conversion s"] = res.get("distill_s", 0.0)
     return out
 
