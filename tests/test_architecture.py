@@ -20,7 +20,8 @@ PKG = "coulomb_attention"
 # Lowest first. A module may import from its own package (first name under coulomb_attention)
 # and from packages of a lower layer, never from its layer or above.
 LAYERS: list[set[str]] = [
-    {"__init__", "_validation", "config", "names", "results", "stats", "metrics"},  # foundations
+    {"__init__", "_validation", "config", "names", "results", "stats", "metrics",
+     "progress"},  # foundations
     {"features", "energy", "dynamics", "data"},  # the mathematics' pieces, the data
     {"estimators", "meanfield", "nn"},  # models, solvers
     {"convert"},  # pretrained encoder -> particles (a conversion is phase A of a pretrained run)

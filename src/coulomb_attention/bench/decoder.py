@@ -28,16 +28,15 @@ Verdicts (issue 47's targets, at ``L = 8192``, every batch and converted row): d
 at least twice the teacher's, state at most 1/20 of the KV cache, prefill no slower than the
 teacher's. On the CPU a verdict needs a quiet machine: when the other processes' load (the
 1-minute load average at the start, and at the end less this run's threads) exceeds the cores
-left free by ``threads`` (plus a quarter core of background noise), the measured ratios are
-still written but no verdict is given, and the summary says why.
+left free by ``threads`` (plus a quarter core of background noise;
+:func:`coulomb_attention.bench.machine.verdict_withheld`), the measured ratios are still
+written but no verdict is given, and the summary says why.
 """
 
 from __future__ import annotations
 
 import copy
 import gc
-import math
-import os
 import platform
 import statistics
 import time
@@ -50,6 +49,7 @@ import torch
 
 from ..nn.families.llama import LlamaConfig, LlamaForCausalLM, convert_attention_
 from ..results import atomic_write_json, atomic_write_text
+from . import machine
 
 __all__ = ["DecoderBenchConfig", "ROWS", "SMOLLM2_SHAPES", "TARGET_LENGTH", "build_model",
            "kv_cache_bytes", "markdown", "prefill", "random_model", "run_benchmark",
@@ -73,7 +73,6 @@ ROWS: dict[str, dict[str, Any] | None] = {
 #: The context of the verdicts.
 TARGET_LENGTH = 8192
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_NOISE_CORES = 0.25
 
 
 @dataclass(frozen=True)
@@ -252,15 +251,7 @@ def _measure(model: LlamaForCausalLM, L: int, B: int, cfg: DecoderBenchConfig,
             "state_bytes": model.state_bytes(states)}
 
 
-def _load() -> tuple[float, float, float]:
-    return os.getloadavg() if hasattr(os, "getloadavg") else (math.nan,) * 3
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+_NO_TARGETS = f"the targets need the teacher and L = {TARGET_LENGTH}"
 
 
 def run_benchmark(cfg: DecoderBenchConfig, out: str | Path | None = None, *,
@@ -278,7 +269,7 @@ def run_benchmark(cfg: DecoderBenchConfig, out: str | Path | None = None, *,
         raise ValueError(f"device {cfg.device}: no CUDA device is available on this machine")
     dtype = DTYPES[cfg.dtype]
     torch.set_num_threads(cfg.threads)
-    load_start = _load()
+    load_start = machine.load_average()
     t_start = time.perf_counter()
     teacher = build_model(cfg.model, cfg.seed) if model is None else model
     if any(a.feature_map != "softmax" for a in teacher.attention_layers):
@@ -288,7 +279,7 @@ def run_benchmark(cfg: DecoderBenchConfig, out: str | Path | None = None, *,
     config = teacher.config
     models = {r: teacher if ROWS[r] is None else _converted(teacher, ROWS[r], cfg)
               for r in cfg.rows}
-    cores = _cores()
+    cores = machine.cores()
     log(f"decoder bench: model {cfg.model} ({config.num_layers} layers, {config.num_heads}/"
         f"{config.num_kv_heads} heads of {config.head_dim}), {cfg.device} {cfg.dtype}, torch "
         f"threads {torch.get_num_threads()} of {cores} cores, load average "
@@ -322,14 +313,13 @@ def run_benchmark(cfg: DecoderBenchConfig, out: str | Path | None = None, *,
                     atomic_write_json(Path(out) / "results.json",
                                       {"config": asdict(cfg), "complete": False, "rows": rows})
     _ratios(rows)
-    load_end = _load()
+    load_end = machine.load_average()
     summary = {
         "config": asdict(cfg), "model_config": config.to_dict(), "rows": rows,
         "skipped": skipped, "torch": torch.__version__, "python": platform.python_version(),
         "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
                    else _cpu_name()),
-        "cores": cores, "threads": torch.get_num_threads(),
-        "load_average_start": list(load_start), "load_average_end": list(load_end),
+        **machine.machine_record(torch.get_num_threads(), load_start, load_end, cores),
         "wall_s": time.perf_counter() - t_start, "complete": True,
         "method": "prefill: median of up to prefill_repeats calls over L - n tokens (head at "
                   "the last position); decode: median step over decode_steps greedy steps "
@@ -343,6 +333,8 @@ def run_benchmark(cfg: DecoderBenchConfig, out: str | Path | None = None, *,
         t["pass"] for t in summary["targets"])
     text = markdown(summary)
     log(text)
+    if reason and reason != _NO_TARGETS:
+        log(machine.withheld_line(reason))
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -382,19 +374,10 @@ def verdicts(rows: list[dict], length: int = TARGET_LENGTH) -> list[dict]:
 def _withheld(cfg: DecoderBenchConfig, cores: int, load_start, load_end) -> str | None:
     """Why no verdict may be given (``None``: it may)."""
     if not any(r == "teacher" for r in cfg.rows) or TARGET_LENGTH not in cfg.lengths:
-        return f"the targets need the teacher and L = {TARGET_LENGTH}"
+        return _NO_TARGETS
     if torch.device(cfg.device).type != "cpu":
         return None
-    others = max(load_start[0], load_end[0] - cfg.threads)
-    free = cores - cfg.threads
-    if not math.isfinite(others):
-        return "the load average is not available on this system"
-    if others > free + _NOISE_CORES:
-        return (f"the machine is busy: other processes' load {others:.2f} (1-minute load "
-                f"average: {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end with "
-                f"this run's {cfg.threads} thread(s)) exceeds the {free} core(s) left free of "
-                f"{cores}, so the timings share cores with other jobs")
-    return None
+    return machine.verdict_withheld(cfg.threads, load_start, load_end, cores)
 
 
 # ------------------------------------------------------------------------------- output

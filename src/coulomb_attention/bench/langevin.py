@@ -132,7 +132,11 @@ def run_benchmark(cfg: LangevinBenchConfig, out: str | Path,
 
     Ns, ns, rounds = list(cfg.Ns), list(cfg.ns), cfg.rounds
 
+    from . import machine
+
     torch.set_num_threads(cfg.threads)
+    load_start = machine.load_average()
+    log(machine.machine_line(cfg.threads, load_start))
     dtype = getattr(torch, cfg.dtype)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,7 +174,11 @@ def run_benchmark(cfg: LangevinBenchConfig, out: str | Path,
     table = "\n".join(lines)
     log("\n" + table)
     log(f"slope of log time in log N at n={n_max}: {slope_N:.2f}")
+    record = machine.machine_record(cfg.threads, load_start, machine.load_average())
+    if record["verdict_withheld"]:
+        log(machine.withheld_line(record["verdict_withheld"]))
     meta = {
+        **record,
         "config": {k: v for k, v in asdict(cfg).items() if k not in ("N", "n")},
         "d": cfg.d,
         "dtype": cfg.dtype,

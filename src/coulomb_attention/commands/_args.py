@@ -6,8 +6,12 @@
   to ``None`` and :func:`fill` resolves them. An explicit flag always wins.
 - Progress: ``--progress {auto,bar,lines,none}``; ``auto`` (the default) draws bars only when
   stderr is a terminal and otherwise prints a line per stage (``convert > log 2>&1`` holds no
-  bar redraws); ``--no-progress`` = ``--progress none``. :func:`add_progress`,
-  :func:`progress_mode`.
+  bar redraws) and, inside a long stage, a line at least every 30 s
+  (:class:`coulomb_attention.progress.Ticker`); ``--no-progress`` = ``--progress none``.
+  :func:`add_progress`, :func:`progress_mode`.
+- Threads: every command that computes takes ``--threads {auto,N}`` (default ``auto``: the
+  cores the 1-minute load average leaves free, divided among ``--jobs`` where a command runs
+  several processes). :func:`add_threads`, :func:`resolve_threads`, :func:`apply_threads`.
 
 Nothing here imports torch (``--help`` of every command prints without it).
 """
@@ -15,11 +19,15 @@ Nothing here imports torch (``--help`` of every command prints without it).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["PROGRESS_MODES", "add_progress", "fill", "list_arg", "progress_mode", "split_list"]
+from ..progress import set_lines
+
+__all__ = ["PROGRESS_MODES", "THREADS_HELP", "add_progress", "add_threads", "apply_threads",
+           "fill", "flush_notes", "free_cores", "list_arg", "progress_mode", "resolve_threads", "split_list"]
 
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
 
@@ -111,7 +119,105 @@ def progress_mode(args: argparse.Namespace | str, stream=None) -> str:
         stream = sys.stderr if stream is None else stream
         mode = "bar" if getattr(stream, "isatty", lambda: False)() else "lines"
     _bars(mode == "bar")
+    set_lines(mode == "lines")
     return mode
+
+
+# ------------------------------------------------------------------------------- threads
+
+THREADS_HELP = ("torch CPU threads: auto (default: the cores the 1-minute load average "
+                "leaves free, at least 1) or N >= 1; on a busy machine fewer threads than "
+                "cores is often faster")
+
+
+def free_cores(cpu_count: int | None = None, load: float | None = None) -> tuple[int, int, float]:
+    """``(free, cores, load)``: ``free = max(1, cores - round(load))`` with ``load`` the
+    1-minute load average (``os.getloadavg``; unavailable: 0, every core free) and ``cores``
+    ``os.cpu_count()``."""
+    cores = int(cpu_count or os.cpu_count() or 1)
+    if load is None:
+        try:
+            load = float(os.getloadavg()[0])
+        except (AttributeError, OSError):  # not on this system
+            load = 0.0
+    return max(1, cores - round(load)), cores, float(load)
+
+
+class _ThreadsAction(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, _parse_threads(values, option_string or "--threads"))
+
+
+def _parse_threads(value, flag: str = "--threads") -> int | str:
+    """``"auto"`` or an int >= 1; anything else raises ``ValueError`` (one line, exit 2)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    text = str(value).strip()
+    n = int(text) if text.isdigit() and not isinstance(value, bool) else 0
+    if n < 1:
+        raise ValueError(f"{flag} must be auto or an integer >= 1, got {value!r}")
+    return n
+
+
+def add_threads(parser: argparse.ArgumentParser, per: str = "") -> argparse.Action:
+    """``--threads {auto,N}`` (default ``auto``); ``per``: what each count is for (``"per
+    job"`` where a command runs ``--jobs`` processes)."""
+    help_ = THREADS_HELP + (f" ({per}; auto divides the free cores among them)" if per else "")
+    return parser.add_argument("--threads", action=_ThreadsAction, default="auto",
+                               metavar="{auto,N}", help=help_ + " (default: auto)")
+
+
+def resolve_threads(args: argparse.Namespace | int | str, jobs: int = 1, *,
+                    cpu_count: int | None = None, load: float | None = None,
+                    log: Callable[[str], None] | None = None) -> int:
+    """The thread count of ``args.threads`` (or of the value itself): an int as given;
+    ``"auto"``: ``max(1, free_cores // jobs)`` (:func:`free_cores`). ``log`` (e.g. ``print`` to
+    stderr) receives one line, ``threads: 1 (auto: 2 cores, load 1.3)``."""
+    value = getattr(args, "threads", "auto") if isinstance(args, argparse.Namespace) else args
+    value = "auto" if value is None else _parse_threads(value)
+    free, cores, load = free_cores(cpu_count, load)
+    if value == "auto":
+        n = max(1, free // max(1, int(jobs)))
+        how = (f"auto: {cores} cores, load {load:.1f}"
+               + (f", {jobs} jobs" if jobs > 1 else ""))
+    else:
+        n, how = int(value), f"--threads {value}; {cores} cores, load {load:.1f}"
+    if log is not None:
+        log(f"threads: {n}{' per job' if jobs > 1 else ''} ({how})")
+    return n
+
+
+#: lines for stderr held until the command's first output (:func:`flush_notes`)
+_NOTES: list[str] = []
+
+
+def _note(line: str) -> None:
+    if os.environ.get("RANK", "0") == "0":  # torchrun: once, from rank 0
+        _NOTES.append(line)
+
+
+def flush_notes(show: bool = True) -> None:
+    """Print the held notes (the resolved thread count) on stderr, once; ``show=False``
+    drops them. The CLI calls it when the command first writes to stdout, or when it ends
+    without having done so; a command that stops at once on bad input drops them (its
+    stderr stays one line)."""
+    lines = list(_NOTES)
+    _NOTES.clear()
+    if show:
+        for line in lines:
+            print(line, file=sys.stderr, flush=True)
+
+
+def apply_threads(args: argparse.Namespace, jobs: int = 1) -> int:
+    """Resolve ``args.threads`` (:func:`resolve_threads`), store the count back in
+    ``args.threads``, set ``torch.set_num_threads`` and note the count for stderr
+    (:func:`flush_notes`: shown once the command runs)."""
+    import torch
+
+    n = resolve_threads(args, jobs, log=_note)
+    args.threads = n
+    torch.set_num_threads(n)
+    return n
 
 
 _TQDM_INIT = None

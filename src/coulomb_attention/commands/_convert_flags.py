@@ -11,7 +11,7 @@ import argparse
 
 from ..names import CONVERT_VARIANTS as VARIANTS
 from ..names import LORA_OBJECTIVES
-from ._args import add_progress
+from ._args import add_progress, add_threads
 
 # VARIANTS (ConvertConfig.variant) and LORA_OBJECTIVES (convert.finish.OBJECTIVES): the vocabulary
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")  # nn.lora.ALL_TARGETS
@@ -166,7 +166,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window-alone", action="store_true",
                    help="with --window: the window softmax alone, no linear term (the "
                         "ablation of the linear branch)")
-    p.add_argument("--threads", type=int, default=1)
+    add_threads(p)
     g = p.add_argument_group(
         "causal language models (--model)",
         "convert a llama-family decoder instead of an encoder: the hybrid --window W --sinks S "

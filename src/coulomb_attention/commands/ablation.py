@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._args import list_arg
+from ._args import add_threads, apply_threads, list_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
              help="only settings starting with these (e.g. easy, hard/favor, fit64)")
     p.add_argument("--out", default="runs/ablation")
     p.add_argument("--data-dir", default=None, help="datasets folder (convert arena)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (per job)")
+    add_threads(p, per="per job")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes (records are the same for any number)")
     p.add_argument("--report-only", action="store_true",
@@ -54,9 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.records is not None and not args.report_only:
         raise ValueError("--records needs --report-only (a run writes OUT/records.jsonl)")
     if not args.report_only:
-        import torch
-
-        torch.set_num_threads(max(1, args.threads))
+        apply_threads(args, jobs=args.jobs)
         counts = run_study(args.arena or [], args.out, quick=args.quick, seeds=args.seeds,
                            features=args.features, variants=args.variants,
                            data_dir=args.data_dir, settings=args.settings,

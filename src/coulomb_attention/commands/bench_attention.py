@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._args import fill, list_arg
+from ._args import add_threads, apply_threads, fill, list_arg
 
 __all__ = ["add_arguments", "run"]
 
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                   f"{' '.join(map(str, DEFAULTS['features']))})")
     parser.add_argument("--repeats", type=int, default=None,
                         help=f"timed repeats (median) (default {DEFAULTS['repeats']})")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    add_threads(parser)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--batch", type=int, default=1)
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         fill(args, QUICK)
     fill(args, DEFAULTS)
+    apply_threads(args)
     cfg = AttentionBenchConfig(
         lengths=tuple(args.lengths), features=tuple(args.features), repeats=args.repeats,
         threads=args.threads, heads=args.heads, head_dim=args.head_dim, batch=args.batch,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._args import fill, list_arg
+from ._args import add_threads, apply_threads, fill, list_arg
 
 __all__ = ["add_arguments", "run"]
 
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-steps", type=int, default=None,
                         help=f"timed decode steps per cell, median (default "
                              f"{DEFAULTS['decode_steps']})")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    add_threads(parser)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="float32")
     parser.add_argument("--features", type=int, default=64,
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         fill(args, QUICK)
     fill(args, DEFAULTS)
+    apply_threads(args)
     cfg = DecoderBenchConfig(
         model="random" if args.random else (args.model or "smollm2"),
         rows=tuple(args.rows or ROW_NAMES), lengths=tuple(args.lengths),

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._args import add_threads, apply_threads
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("hf_dir", nargs="?", default=None,
@@ -29,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1)
+    add_threads(p)
     p.add_argument("--random-init", action="store_true",
                    help="random weights from configurations: transformers BertModel (SDPA) "
                         "against the remote code; no checkpoint or sentence-transformers")
@@ -51,9 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
 
     from ..bench import encoder_speed as es
+    from ..bench import machine
     from ..bench.attention_gpu import require_device
     from ..results import atomic_write_json, atomic_write_text
 
@@ -61,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
     if args.fused and not args.random_init:
         raise ValueError("--fused needs --random-init")
 
-    torch.set_num_threads(max(1, args.threads))
+    threads = apply_threads(args)
+    load_start = machine.load_average()
+    print(machine.machine_line(threads, load_start), flush=True)
     if args.random_init:
         rows = es.random_encoder_speed(args.lengths, args.hf_dir, batch_size=args.batch_size,
                                        repeats=args.repeats, device=args.device,
@@ -88,7 +92,14 @@ def run(args: argparse.Namespace) -> int:
         caption = (f"{args.hf_dir} against {args.original} (sentence-transformers), "
                    f"{args.device}, {rows[0]['threads']} thread(s), median of {args.repeats} "
                    "interleaved repeats")
+    record = machine.machine_record(threads, load_start, machine.load_average())
+    for r in rows:  # each row carries the machine it was timed on
+        r.update({k: v for k, v in record.items() if k != "threads"})
+    caption += "; " + machine.machine_line(threads, record["load_average_start"],
+                                           record["load_average_end"], record["cores"])
     table = [caption, "", *es.speed_markdown_rows(rows)]
+    if record["verdict_withheld"] and args.device == "cpu":
+        table += ["", machine.withheld_line(record["verdict_withheld"])]
     print("\n".join(table))
     if args.out:
         out = Path(args.out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._args import list_arg
+from ._args import add_threads, apply_threads, list_arg
 
 __all__ = ["add_arguments", "run"]
 
@@ -31,13 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                         help=f"rounds over all cells; the median of all of a cell's timed "
                         f"steps is reported (default {DEFAULT_ROUNDS})")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    add_threads(parser)
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..bench.langevin import LangevinBenchConfig, run_benchmark
 
+    apply_threads(args)
     cfg = LangevinBenchConfig(
         N=args.N, n=args.n, d=args.d, repeats=args.repeats,
         rounds=getattr(args, "rounds", DEFAULT_ROUNDS), threads=args.threads,

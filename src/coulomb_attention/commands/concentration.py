@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from ..config import load_overrides, override
-from ._args import list_arg
+from ._args import add_threads, apply_threads, list_arg
 
 __all__ = ["add_arguments", "resolve_config", "run"]
 
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-seeds", type=int, help="seeds per setting, 0..n-1 (>= 2)")
     parser.add_argument("--particle-steps", type=int, help="override ParticleFeatures n_steps")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    add_threads(parser, per="per process")
 
 
 def resolve_config(args: argparse.Namespace):
@@ -55,11 +55,9 @@ def run(args: argparse.Namespace) -> int:
     from ..studies.concentration import run_study
 
     cfg = resolve_config(args)
-    if args.threads < 1:
+    if args.jobs < 1:
         raise ValueError(f"--jobs and --threads must be >= 1, got {args.jobs}, {args.threads}")
-    import torch
-
-    torch.set_num_threads(args.threads)
+    apply_threads(args, jobs=args.jobs)
     out = Path(args.out)
     res = run_study(cfg, out, jobs=args.jobs, threads=args.threads)
     print(res["markdown"])

@@ -22,7 +22,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._args import progress_mode
+from ._args import apply_threads, progress_mode
 from ._convert_flags import (  # noqa: F401  (re-exported: the tests read them)
     CONVERT_FLAGS,
     DISTILL_FLAGS,
@@ -82,13 +82,11 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..convert import convert_encoder, speed_table
     from ..convert.artifact import Artifact
     from ..reports.convert import result_lines, write_convert_report
 
-    torch.set_num_threads(max(1, args.threads))
+    apply_threads(args)
     args.progress = progress_mode(args) != "none"  # bars only on a terminal, else lines
     if args.model is not None:  # a causal language model
         from .convert_decoder import run_decoder

@@ -18,6 +18,7 @@ import argparse
 ENCODER_ONLY = ("encoder", "variant", "tasks", "max_length", "n_sentences", "refine_steps",
                 "refine_sentences", "refine_eta", "refine_max_drift", "eval_sentences",
                 "probe_tasks", "probe_train", "probe_eval", "doc_lengths", "doc_count",
+                "fit_documents",
                 "sentences", "pairs", "grid", "lora_steps", "lora_lr", "lora_objective",
                 "lora_aux_weight", "lora_targets")
 #: flag (dest) -> DecoderConfig field
@@ -53,11 +54,7 @@ def decoder_config_from_args(args: argparse.Namespace):
 
 
 def run_decoder(args: argparse.Namespace) -> int:
-    import torch
-
     from ..convert.decoder import convert_decoder
-
-    torch.set_num_threads(max(1, args.threads))
     cfg = decoder_config_from_args(args)
     print(f"converting {cfg.model}: {cfg.row}", flush=True)
     res = convert_decoder(cfg, args.out, data_dir=args.data_dir, texts=args.texts,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._args import add_threads, apply_threads
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -20,18 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d", type=int, default=20, help="input dimension (2 informative)")
     parser.add_argument("--noise", type=float, default=0.05, help="training label-noise rate")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    add_threads(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..studies.demo import DemoConfig, run_study
 
     cfg = DemoConfig(n=args.n, d=args.d, noise=args.noise, seed=args.seed)
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    import torch
-
-    torch.set_num_threads(args.threads)
+    apply_threads(args)
     out = Path(args.out)
     config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
     run_study(cfg, out, config=config, log=print)

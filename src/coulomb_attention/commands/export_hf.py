@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ._args import add_threads, apply_threads
+
 DEFAULT_LENGTHS = [32, 64, 128, 256, 512]
 
 
@@ -33,16 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=1)
+    add_threads(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
 
     from ..export import export_hf_directory
     from ..export.hf import speed_markdown
 
-    torch.set_num_threads(max(1, args.threads))
+    apply_threads(args)
     out = export_hf_directory(args.checkpoint, args.out_dir, result=args.result)
     print(f"wrote {out}")
     if args.speed:

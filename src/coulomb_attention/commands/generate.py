@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ._args import add_threads, apply_threads
+
 __all__ = ["add_arguments", "kv_cache_bytes", "next_token", "run", "stream_tokens"]
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
@@ -35,8 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling: the generator's seed")
     parser.add_argument("--chat", action="store_true",
                         help="wrap the prompt in the ChatML turn of SmolLM2-Instruct")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch intra-op threads (default: torch's)")
+    add_threads(parser)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -47,8 +48,6 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p must lie in (0, 1], got {args.top_p}")
-    if args.threads is not None and args.threads <= 0:
-        raise ValueError(f"--threads must be > 0, got {args.threads}")
     if args.source != "smollm2" and not Path(args.source).exists():
         raise FileNotFoundError(f"{args.source} does not exist (give smollm2, a .gguf file or "
                                 "a llama directory)")
@@ -112,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..nn.families import llama
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     model, tokenizer = llama.load(args.source)
     text = CHAT.format(args.prompt) if args.chat else args.prompt
     ids = tokenizer.encode(text).ids

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._args import add_progress, list_arg, progress_mode
+from ._args import add_progress, add_threads, apply_threads, list_arg, progress_mode
 
 __all__ = ["add_arguments", "run"]
 
@@ -58,8 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None,
                    help="folder with shakespeare/test.jsonl.gz (e.g. ../shared/data); default: "
                         "the shipped sample (smoke tests only)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: torch's)")
+    add_threads(p)
     p.add_argument("--out", default="runs/lm_eval",
                    help="output directory: results.jsonl, report.md, PNGs (default: "
                         "%(default)s)")
@@ -91,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.report_only:
         from ..studies.lm_eval import run_study
 
+        apply_threads(args)
         config = build_config(args)
         results = run_study(config, out, progress=mode != "none",
                             log=lambda s: print(s, flush=True))

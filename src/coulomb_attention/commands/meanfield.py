@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._args import list_arg
+from ._args import add_threads, apply_threads, list_arg
 
 __all__ = ["add_arguments", "run"]
 
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth", type=float, default=0.5, help="MMD kernel bandwidth")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                         help="particle dtype (the PDE is float64)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    add_threads(parser)
     parser.add_argument("--out", default="runs/meanfield", help="output directory")
     parser.add_argument("--quick", action="store_true",
                         help="N up to 1024, 2 seeds, coarser grid (about a minute); explicit "
@@ -60,6 +60,7 @@ def config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from ..studies.meanfield import run_study, table_markdown
 
+    apply_threads(args)
     cfg = config_from_args(args)
     out = Path(args.out)
     summary = run_study(cfg, out, log=lambda m: print(m, flush=True))

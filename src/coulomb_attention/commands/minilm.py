@@ -22,9 +22,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .._validation import check_positive
 from ..names import MINILM_VARIANTS
-from ._args import list_arg
+from ._args import add_threads, apply_threads, list_arg
 from .train import add_arguments as add_train_arguments
 from .train import add_common_arguments, build_config, setup_runtime
 from .train import run as run_train
@@ -67,12 +66,9 @@ def _report(args) -> int:
 
 
 def _timing(args) -> int:
-    import torch
-
     from ..bench.minilm_timing import time_vs_length, write_timing
 
-    if args.threads is not None:
-        torch.set_num_threads(check_positive("--threads", args.threads, integer=True))
+    apply_threads(args)
     rows = time_vs_length(args.encoder, args.attentions, args.lengths,
                           batch_size=args.batch_size, n_features=args.n_features,
                           repeats=args.repeats)
@@ -105,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tim.add_argument("--batch-size", type=int, default=8)
     tim.add_argument("--n-features", type=int, default=64)
     tim.add_argument("--repeats", type=int, default=3)
-    tim.add_argument("--threads", type=int, default=None)
+    add_threads(tim)
     tim.add_argument("--out", default="runs/minilm")
 
 

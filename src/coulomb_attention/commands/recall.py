@@ -17,7 +17,7 @@ from ..names import RECALL_ATTENTIONS as ATTENTIONS
 from ..names import RECALL_FIT_METHODS as FIT_METHODS
 from ..names import RECALL_OBJECTIVES as OBJECTIVES
 from ..train.recall_levels import RECALL_LEVELS
-from ._args import add_progress, fill, list_arg, progress_mode
+from ._args import add_progress, add_threads, apply_threads, fill, list_arg, progress_mode
 
 if TYPE_CHECKING:
     from ..train.recall import RecallRunConfig
@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the route chosen on a separate seed; weighted: WFR particles with "
                         "masses, docs/recall.md)")
     p.add_argument("--config", type=Path, help="JSON overrides applied to every level")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    add_threads(p)
     add_progress(p)
 
 
@@ -99,11 +99,9 @@ def grid(args) -> list[tuple[str, RecallRunConfig]]:
 
 
 def run(args) -> int:
-    import torch
-
     from ..studies.recall import run_grid
 
-    torch.set_num_threads(max(int(args.threads), 1))
+    apply_threads(args)
     out = Path(args.out)
     results = run_grid(grid(args), out, progress=progress_mode(args) != "none")
     print(f"wrote {results}, {out / 'summary.md'}, {out / 'accuracy_vs_M.png'}")

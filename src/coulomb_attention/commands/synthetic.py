@@ -14,7 +14,7 @@ from pathlib import Path
 from ..config import load_overrides, override
 from ..names import SYNTHETIC_METHODS as METHOD_NAMES
 from ..names import SYNTHETIC_TASKS as TASK_NAMES
-from ._args import list_arg
+from ._args import add_threads, apply_threads, list_arg
 
 __all__ = ["add_arguments", "resolve_config", "run"]
 
@@ -42,8 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: tables, claims and plots from the rows already in "
                         "results.jsonl (e.g. of an interrupted grid)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads per process (default 1: faster on a shared machine)")
+    add_threads(parser, per="per process")
 
 
 def resolve_config(args: argparse.Namespace):
@@ -76,11 +75,9 @@ def run(args: argparse.Namespace) -> int:
     from ..studies.synthetic import run_study
 
     cfg = resolve_config(args)
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    import torch
-
-    torch.set_num_threads(int(args.threads))
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    apply_threads(args, jobs=args.jobs)
     out = Path(args.out)
     t0 = time.perf_counter()
     res = run_study(cfg, out, resume=args.resume, jobs=args.jobs, threads=args.threads,

@@ -14,12 +14,11 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .._validation import check_positive
 from ..config import load_overrides
 from ..data.registry import DATASETS
 from ..names import ATTENTIONS as _ATTENTIONS
 from ..names import TRAIN_OBJECTIVES as OBJECTIVES
-from ._args import add_progress, progress_mode
+from ._args import add_progress, add_threads, apply_threads, progress_mode
 
 if TYPE_CHECKING:  # torch and the pipeline are imported in run(): --help prints without them
     from ..train.loop import Runtime
@@ -77,8 +76,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "(the conversion of `coulomb-attention convert`) is cached per "
                              "encoder, map, M and seed, shared by every task (default: "
                              "runs/convert_cache)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice)")
+    add_threads(parser)
     add_progress(parser)
 
 
@@ -142,13 +140,13 @@ def build_config(args: argparse.Namespace, base: dict | None = None) -> RunConfi
 
 
 def setup_runtime(args) -> Runtime:
-    """Single-process runtime, or the torch.distributed one under torchrun."""
-    import torch
-
+    """Single-process runtime, or the torch.distributed one under torchrun (a missing
+    ``--data-dir`` is an error before anything runs)."""
+    from ..data.registry import resolve_data_dir
     from ..train.distributed import init_distributed
 
-    if args.threads is not None:
-        torch.set_num_threads(check_positive("--threads", args.threads, integer=True))
+    resolve_data_dir(getattr(args, "data_dir", None))
+    apply_threads(args)
     return init_distributed(progress=progress_mode(args) != "none")
 
 

@@ -298,7 +298,7 @@ def _load_hf(spec: TaskSpec, split: str) -> tuple[list, np.ndarray, str, str]:
     except ImportError as exc:
         raise ImportError(
             "data_dir='hf' needs the Hugging Face `datasets` package: pip install datasets "
-            "(or pip install 'coulomb-attention[hf]')"
+            "(or pip install 'coulomb-attention[hf]')", name="datasets"
         ) from exc
     if split == ADVERSARIAL_SPLIT:
         if not spec.has_adversarial:
