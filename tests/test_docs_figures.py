@@ -57,6 +57,15 @@ def js(path: str, *keys: str | int) -> Callable[[], float]:
     return read
 
 
+def jl_mean(path: str, key: str) -> Callable[[], float]:
+    """The mean of ``key`` over the rows of the JSON-lines file ``docs/results/path``."""
+    def read() -> float:
+        rows = [json.loads(x) for x in (RESULTS / path).read_text().splitlines() if x.strip()]
+        assert rows, f"{path} has no rows"
+        return sum(float(r[key]) for r in rows) / len(rows)
+    return read
+
+
 def interval(read_line: Callable[[int], Callable[[], float]]) -> list[Callable[[], float]]:
     return [read_line(0), read_line(1), read_line(2)]
 
@@ -75,6 +84,15 @@ SUITE = "transformer_suite/report.md"
 NONE = "control_none/summary.md"
 BENCH = "bench_attention/summary.json"
 BENCH_MD = "bench_attention/table.md"
+ABL = "ablation_mqar/summary.md"
+GRID_FULL = "convert/grid_full/grid.md"
+EST = "estimators/must_show.jsonl"
+EST_MD = "estimators/summary.md"
+LM = "lm/eval_report.md"
+MF1 = "meanfield_1d/summary.json"
+MF2 = "meanfield_2d/summary.json"
+MF_ETA = "meanfield_eta/eta{}/summary.json"
+DEFAULT = "pure linear, particles on Hedgehog's map"
 
 F3, S3, F4, S4, PCT = "{:.3f}", "{:+.3f}", "{:.4f}", "{:+.4f}", "{:.0f}%"
 
@@ -137,6 +155,14 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
     *_paired(R, SYN, "-0.000 [-0.002, +0.001]", "| coulomb l=0.01 - gradient (drift) |", cell=7),
     *_paired(R, SYN, "-0.008 [-0.012, -0.003]", "| coulomb l=0.1 - gradient (drift) |", cell=7),
     *_paired(R, SYN, "+0.001 [-0.004, +0.006]", "| langevin b=1e3 - gradient (drift) |", cell=7),
+    # scikit-learn estimators: the must-show task (mean over its 5 seeds) and the family
+    *[(R, text, jl_mean(EST, name), F3) for name, text in (
+        ("RandomFeatures(64)", "0.557"), ("RBFSampler(256)", "0.613"),
+        ("ImportanceFeatures(64)", "0.622"), ("ParticleFeatures(64)", "0.850"))],
+    (R, "+0.237", md(EST_MD, "ParticleFeatures(64) - RBFSampler(256)"), S3),
+    (R, "+0.110", md(EST_MD, "ParticleFeatures(64) - RBFSampler(256)", after="## Tuning"), S3),
+    (R, "-0.017", md(EST_MD, "ParticleFeatures(64) - RBFSampler(256)", after="## Tuning",
+                     k=1), S3),
     # MQAR teacher route (device table): columns fixed=3, gradient=4; paired table after "Paired"
     (R, "0.926", md(DEV, "| easy/favor | 64 |", cell=3), F3),
     (R, "0.975", md(DEV, "| easy/favor | 64 |", cell=4), F3),
@@ -147,6 +173,10 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
     *_paired(R, DEV, "+0.008 [+0.002, +0.014]", "| easy/favor | 64 |", after="Paired", cell=8),
     *_paired(R, DEV, "-0.145 [-0.160, -0.131]", "| easy/favor | 16 |", after="Paired", cell=9),
     *_paired(R, DEV, "+0.005 [-0.010, +0.019]", "| hard/favor | 64 |", after="Paired", cell=5),
+    *_paired(R, DEV, "-0.005 [-0.017, +0.007]", "| easy/porf_softplus | 8 |", after="Paired",
+             cell=3),
+    *_paired(R, DEV, "+0.010 [+0.002, +0.018]", "| easy/porf_softplus | 64 |", after="Paired",
+             cell=3),
     *_paired(R, HARD, "+0.008 [+0.003, +0.013]", "| hard/favor | 16 |", after="Paired", cell=5),
     *_paired(R, HARD, "+0.011 [+0.005, +0.017]", "| hard/favor | 32 |", after="Paired", cell=5),
     *_paired(R, HARD, "+0.004 [+0.001, +0.007]", "| hard/favor | 128 |", after="Paired", cell=5),
@@ -154,6 +184,11 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
     (R, "0.998", md(REC, "| softmax | - |", cell=3), F3),
     *_paired(R, REC, "+0.329 [+0.126, +0.532]", "favor: learned M=64 minus vanilla M=64"),
     *_paired(R, REC, "+0.229 [-0.272, +0.730]", "softmax_feat: learned M=64 minus vanilla M=64"),
+    *_paired(R, REC, "-0.033 [-0.046, -0.019]", "porf_softplus: learned M=64 minus vanilla M=64"),
+    (R, "0.462", md(ABL, "| easy/favor | token_pair |", cell=4), F3),
+    (R, "0.974", md(ABL, "| easy/favor | gradient |", cell=4), F3),
+    *_paired(R, ABL, "-0.468 [-0.687, -0.250]", "| easy/favor token_pair - fixed, M=64 |",
+             cell=2),
     # conversion rows (held-out cosine, mean over seeds) and their paired differences
     *[(R, text, _rows(label, metric), F4) for label, metric, text in _CONVERT_ROWS],
     *_rows_pair(R, "+0.0033 [+0.0031, +0.0036]", "pure linear, particles on Hedgehog's map",
@@ -166,18 +201,64 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
     *_rows_pair(R, "+0.0007 [+0.0001, +0.0013]", "pure linear, softmax-feature particles",
                 "pure linear, particles on Hedgehog's map", "sentences cos"),
     (R, "0.76", md("convert/long_inputs/speed_w16.md", "| 512 | 32 |", cell=6), "{:.2f}"),
+    *_rows_pair(R, "+0.0090 [+0.0084, +0.0095]", DEFAULT, "pure linear, FAVOR+ particles",
+                "sentences cos"),
+    *_rows_pair(R, "-0.0284 [-0.0684, +0.0115]", DEFAULT, "pure linear, Hedgehog (tied, Adam)",
+                "512-token docs cos"),
+    *_rows_pair(R, "-0.0258 [-0.0640, +0.0123]", DEFAULT, "pure linear, FAVOR+ particles",
+                "512-token docs cos"),
+    (R, "0.6280", md(GRID_FULL, "| vanilla | 64 |", cell=4), F4),
+    (R, "0.9635", md(GRID_FULL, "| particles lam=0 | 64 |", cell=4), F4),
     # from-scratch classifiers
     *_paired(R, NONE, "+0.0119 [-0.0039, +0.0277]", "- SST-2", fmt=S4),
     *_paired(R, NONE, "+0.0158 [+0.0052, +0.0263]", "- Rotten Tomatoes", fmt=S4),
     *_paired(R, NONE, "+0.0000 [-0.0054, +0.0055]", "- QQP", fmt=S4),
     *_paired(R, SUITE, "+0.0010 [-0.0015, +0.0036]", "| favor | 5 |", after="## qqp", cell=3,
              fmt=S4),
+    *_paired(R, SUITE, "+0.0023 [-0.0069, +0.0115]", "| favor | 5 |", after="## sst2", cell=3,
+             fmt=S4),
+    *_paired(R, SUITE, "-0.0056 [-0.0176, +0.0064]", "| favor | 5 |",
+             after="## rotten_tomatoes", cell=3, fmt=S4),
     # attention speed
     (R, "49%", md(BENCH_MD, "| 16384 | favor_fused | 64 |", cell=9, integers=True), PCT),
     (R, "64%", md(BENCH_MD, "| 16384 | favor_fused | 128 |", cell=9, integers=True), PCT),
     (R, "69%", md(BENCH_MD, "| 16384 | favor_fused | 256 |", cell=9, integers=True), PCT),
     (R, "5.15", _bench_ratio(min), "{:.2f}"),
     (R, "8.17", _bench_ratio(max), "{:.2f}"),
+    *[(R, text, md(BENCH_MD, f"| {n} | {method} |", cell=4), "{:.2f}")
+      for n, method, text in ((512, "favor_fused | 64", "2.23"), (512, "sdpa", "2.05"),
+                              (1024, "favor_fused | 64", "3.83"), (1024, "sdpa", "7.89"))],
+    # the converted causal LM: perplexity at 2,048 tokens, paired differences in nats
+    *[(R, text, md(LM, f"| {row} |", cell=2), "{:.2f}") for row, text in (
+        ("teacher", "34.03"), ("streaming:64:4", "49.17"), ("streaming:97:4", "43.87"),
+        ("fixed:hedgehog:64:4", "94.24"), ("runs/lm/hybrid_hh_langevin/checkpoint", "48.88"),
+        ("runs/lm/hybrid_hh_langevin/lowrank/checkpoint", "44.43"))],
+    *[q for pair, text in (
+        ("checkpoint - fixed:hedgehog:64:4", "-0.6565 [-0.7074, -0.6055]"),
+        ("checkpoint - streaming:64:4", "-0.0059 [-0.0410, +0.0291]"),
+        ("lowrank/checkpoint - streaming:64:4", "-0.1015 [-0.1240, -0.0790]"),
+        ("lowrank/checkpoint - streaming:97:4", "+0.0127 [-0.0188, +0.0442]"))
+      for q in _paired(R, LM, text, f"| runs/lm/hybrid_hh_langevin/{pair} |", "| ppl |",
+                       cell=5, fmt=S4)],
+    # the mean-field study: particles against the PDE at the end time (1-D W1, 2-D MMD)
+    *[(R, text, js(path, *keys), fmt) for path, keys, text, fmt in (
+        (MF1, ("mean_distance_by_time", "0.5", 0), "0.1434", F4),
+        (MF1, ("mean_distance_by_time", "0.5", -1), "0.0156", F4),
+        (MF2, ("mean_distance_by_time", "0.5", 0), "0.0957", F4),
+        (MF2, ("mean_distance_by_time", "0.5", -1), "0.0129", F4),
+        (MF1, ("slope",), "-0.559", F3), (MF2, ("slope",), "-0.500", F3),
+        (MF1, ("pooled_distance_largest_n",), "0.0102", F4),
+        (MF1, ("pooled_mc_level",), "0.0090", F4),
+        (MF2, ("pooled_distance_largest_n",), "0.0056", F4),
+        (MF2, ("pooled_mc_level",), "0.0075", F4),
+        (MF1, ("distance_final_particles_to_rho0",), "0.4017", F4),
+        (MF2, ("distance_final_particles_to_rho0",), "0.1670", F4))],
+    *[(R, text, js(MF_ETA.format(eta), key), F4) for eta, key, text in (
+        ("0.02", "pooled_distance_largest_n", "0.0134"),
+        ("0.01", "pooled_distance_largest_n", "0.0121"),
+        ("0.005", "pooled_distance_largest_n", "0.0140"),
+        ("0.02", "pooled_mc_level", "0.0116"), ("0.01", "pooled_mc_level", "0.0119"),
+        ("0.005", "pooled_mc_level", "0.0113"))],
 ]
 
 # the fine-tuned MiniLM tables (one per task, after its heading in docs/results.md; "-" where
@@ -228,9 +309,9 @@ def _minilm_pair(doc: str, text: str, pair: str, task: str,
 
 _MINILM_PAIRS = [  # (documents, text, pair, task)
     ((R, ME), "+0.0484 [+0.0345, +0.0623]", "favor:teacher - favor:vanilla", "sst2"),
-    ((R, ME), "-0.0158 [-0.0323, +0.0007]", "favor:teacher - softmax:vanilla", "sst2"),
+    ((R,), "-0.0158 [-0.0323, +0.0007]", "favor:teacher - softmax:vanilla", "sst2"),
     ((R, ME), "+0.0358 [+0.0220, +0.0496]", "favor:teacher - favor:vanilla", "rotten_tomatoes"),
-    ((R, ME), "-0.0120 [-0.0156, -0.0084]", "favor:teacher - softmax:vanilla", "rotten_tomatoes"),
+    ((R,), "-0.0120 [-0.0156, -0.0084]", "favor:teacher - softmax:vanilla", "rotten_tomatoes"),
     ((R,), "-0.0099 [-0.0231, +0.0034]", "favor:teacher - hedgehog:hedgehog", "sst2"),
     ((R,), "-0.0056 [-0.0110, -0.0002]", "favor:teacher - hedgehog:hedgehog", "rotten_tomatoes"),
     ((R,), "-0.0004 [-0.0206, +0.0198]", "hedgehog:teacher - hedgehog:hedgehog", "sst2"),
@@ -245,7 +326,7 @@ _MINILM_PAIRS = [  # (documents, text, pair, task)
     ((R, ME), "-0.0028 [-0.0199, +0.0144]", "favor:teacher - favor:adam", "sst2"),
     ((R,), "+0.0511 [+0.0333, +0.0690]", "favor:adam - favor:vanilla", "sst2"),
     ((R,), "+0.0078 [+0.0025, +0.0131]", "favor:teacher_pairs - favor:teacher", "qqp"),
-    ((R, ME), "-0.0036 [-0.0076, +0.0005]", "favor:teacher - favor:adam", "rotten_tomatoes"),
+    ((R,), "-0.0036 [-0.0076, +0.0005]", "favor:teacher - favor:adam", "rotten_tomatoes"),
     ((R,), "+0.0394 [+0.0261, +0.0527]", "favor:adam - favor:vanilla", "rotten_tomatoes"),
     ((R,), "-0.0637 [-0.0722, -0.0551]", "favor:teacher_pairs - softmax:vanilla", "qqp"),
     ((R,), "-0.0055 [-0.0152, +0.0042]", "favor:teacher_pairs - hedgehog:hedgehog", "qqp"),
@@ -272,6 +353,35 @@ for _docs, _text, _pair, _task in _MINILM_PAIRS:
     for _doc in _docs:
         QUOTES += _minilm_pair(_doc, _text, _pair, _task)
 QUOTES.append((R, "0.876", js("minilm_finetune/sst2_full_softmax.json", "accuracy"), F3))
+
+# the README's list: each figure also in its docs/results.md section (the quotes above hold
+# the MiniLM intervals for both documents)
+QUOTES += [
+    (ME, "0.684", md(SYN, "| gradient (Adam) |", cell=5), F3),
+    (ME, "0.581", md(SYN, "| fixed |", cell=5), F3),
+    *_paired(ME, DEV, "+0.049 [+0.039, +0.058]", "| easy/favor | 64 |", after="Paired", cell=3),
+    *_paired(ME, SUITE, "+0.0010 [-0.0015, +0.0036]", "| favor | 5 |", after="## qqp", cell=3,
+             fmt=S4),
+    (ME, "+0.011", md(HARD, "| hard/favor | 32 |", after="Paired", cell=5), S3),
+    (ME, "+0.004", md(HARD, "| hard/favor | 128 |", after="Paired", cell=5), S3),
+    (ME, "0.850", jl_mean(EST, "ParticleFeatures(64)"), F3),
+    (ME, "0.613", jl_mean(EST, "RBFSampler(256)"), F3),
+    (ME, "0.9724", _rows(DEFAULT, "sentences cos"), F4),
+    (ME, "0.7356", _rows(DEFAULT, "512-token docs cos"), F4),
+    (ME, "0.9188", _rows("hybrid W=16", "512-token docs cos"), F4),
+    *_rows_pair(ME, "+0.0033 [+0.0031, +0.0036]", DEFAULT, "pure linear, Hedgehog (tied, Adam)",
+                "sentences cos"),
+    (ME, "0.426", _minilm("favor:vanilla", "advglue_accuracy"), F3),
+    (ME, "0.364", _minilm("favor:teacher", "advglue_accuracy"), F3),
+    (ME, "0.974", md(ABL, "| easy/favor | gradient |", cell=4), F3),
+    (ME, "0.462", md(ABL, "| easy/favor | token_pair |", cell=4), F3),
+    (ME, "3.83", md(BENCH_MD, "| 1024 | favor_fused | 64 |", cell=4), "{:.2f}"),
+    (ME, "7.89", md(BENCH_MD, "| 1024 | sdpa |", cell=4), "{:.2f}"),
+    (ME, "44.43", md(LM, "| runs/lm/hybrid_hh_langevin/lowrank/checkpoint |", cell=2), "{:.2f}"),
+    (ME, "49.17", md(LM, "| streaming:64:4 |", cell=2), "{:.2f}"),
+    (ME, "-0.559", js(MF1, "slope"), F3),
+    (ME, "-0.500", js(MF2, "slope"), F3),
+]
 QUOTES.append((R, "0.798", _minilm("none:vanilla", "accuracy"), F3))
 QUOTES.append((R, "0.773", _minilm("none:vanilla", "accuracy", "rotten_tomatoes"), F3))
 _MINILM_METRIC_PAIRS = [  # (text, pair, task, metric): docs/results.md, a metric not accuracy
@@ -287,13 +397,17 @@ _MINILM_METRIC_PAIRS = [  # (text, pair, task, metric): docs/results.md, a metri
      "rotten_tomatoes", "Brier"),
     ("+0.0159 [+0.0031, +0.0288]", "softmax_feat:teacher - softmax_feat:vanilla",
      "rotten_tomatoes", "ECE"),
+    ("+0.0185 [+0.0037, +0.0332]", "favor:teacher - favor:vanilla", "rotten_tomatoes", "ECE"),
+    ("+0.0111 [+0.0020, +0.0202]", "favor:teacher - favor:vanilla", "qqp", "ECE"),
+    ("-0.0622 [-0.1055, -0.0188]", "favor:teacher - favor:vanilla", "sst2", "AdvGLUE acc"),
+    ("+0.0128 [-0.0847, +0.1103]", "favor:teacher - favor:vanilla", "qqp", "AdvGLUE acc"),
 ]
 for _text, _pair, _task, _metric in _MINILM_METRIC_PAIRS:
     QUOTES += _minilm_pair(R, _text, _pair, _task, _metric)
 
 # numbers that are settings, not measurements
-PARAMETERS = {R: {"0.01", "0.1", "95%", "10%"}, ME: {"3.10"}}  # lambdas, a CI level, a
-# corruption rate, Python
+PARAMETERS = {R: {"0.01", "0.1", "95%", "10%", "0.02", "0.005", "-0.5"},  # lambdas and time
+              ME: {"3.10"}}  # steps, a CI level, a corruption rate, the Monte-Carlo slope, Python
 
 
 def _prose(doc: str) -> str:
@@ -328,6 +442,57 @@ def test_every_quoted_number_is_checked(doc):
     unchecked = sorted(set(NUMBER.findall(_prose(doc))) - checked)
     assert not unchecked, (f"{doc} quotes numbers no test reads from a result file: {unchecked} "
                            f"(add them to tests/test_docs_figures.py QUOTES)")
+
+
+def _ahead(task: str, pair: str, metric: str) -> str:
+    """The seeds-ahead count (``k/n``) of a paired difference in the MiniLM report."""
+    lines = _lines(MINI_MD)
+    rest = lines[next(i for i, x in enumerate(lines) if x.startswith(f"## {task} (")):]
+    line = next(x for x in rest if x.startswith(f"| {pair} | {metric} |"))
+    return line.split("|")[5].strip()
+
+
+_LEARNED_FIXED = "favor:teacher - favor:vanilla"
+#: seed counts the documents state: (document, the phrase, task, metric, count)
+SEED_COUNTS = [
+    (ME, "0.364, 0/5 seeds", "sst2", "AdvGLUE acc", "0/5"),
+    (R, "-0.0622 [-0.1055, -0.0188] (0/5 seeds ahead)", "sst2", "AdvGLUE acc", "0/5"),
+    (R, "ECE worse: +0.0185 [+0.0037, +0.0332] (0/5)", "rotten_tomatoes", "ECE", "0/5"),
+    (R, "ECE worse: +0.0111 [+0.0020, +0.0202] (0/5)", "qqp", "ECE", "0/5"),
+    *[(doc, phrase, task, metric, "5/5")
+      for doc, phrase in ((ME, "accuracy, log-loss and Brier on every seed"),
+                          (R, "log-loss and Brier better on every seed"))
+      for task in ("sst2", "rotten_tomatoes", "qqp") for metric in ("log-loss", "Brier")
+      if doc == ME or task != "sst2"],
+    *[(ME, "accuracy, log-loss and Brier on every seed", task, "accuracy", "5/5")
+      for task in ("sst2", "rotten_tomatoes", "qqp")],
+]
+
+
+@pytest.mark.parametrize(("doc", "phrase", "task", "metric", "count"), SEED_COUNTS)
+def test_seed_counts_match_the_report(doc, phrase, task, metric, count):
+    """"0/5 seeds", "on every seed": the report's count of seeds where learned FAVOR+ is ahead
+    of fixed FAVOR+, and the document still says it."""
+    assert _ahead(task, _LEARNED_FIXED, metric) == count, (task, metric)
+    assert phrase in " ".join(_prose(doc).split()), f"{doc} no longer says {phrase!r}"
+
+
+def test_estimator_counts_match_their_files():
+    """ParticleFeatures(64) ahead of RBFSampler(256) on every must-show seed, and on 10 of the
+    12 tasks of the family (mean over its seeds), as both documents say."""
+    def rows(path):
+        return [json.loads(x) for x in (RESULTS / path).read_text().splitlines() if x.strip()]
+
+    pf, rbf = "ParticleFeatures(64)", "RBFSampler(256)"
+    assert all(r[pf] > r[rbf] for r in rows(EST))
+    by_task: dict[str, list[float]] = {}
+    for r in rows("estimators/family.jsonl"):
+        by_task.setdefault(r["task"], []).append(r[pf] - r[rbf])
+    ahead = sum(sum(d) > 0 for d in by_task.values())
+    assert (ahead, len(by_task)) == (10, 12)
+    assert "ahead on every seed" in " ".join(_prose(R).split())
+    assert "ahead on 10 of 12 tasks" in " ".join(_prose(R).split())
+    assert "on 10 of 12 tasks" in " ".join(_prose(ME).split())
 
 
 def test_the_checker_catches_drift():
