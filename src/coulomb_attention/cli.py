@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     stdout = sys.stdout
-    sys.stdout = _FirstWrite(stdout, flush_notes)  # the thread count, once the command runs
+    flush_notes(show=False)  # none left from an earlier call in this process
+    # the held notes (thread count, sample warning) come out when the command first writes
+    sys.stdout = _FirstWrite(stdout, lambda: flush_notes(stdout=stdout))
     try:
         args = parse(parser, argv)  # a list flag's bad item raises ValueError (one line)
         run = getattr(args, "_run", None)
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             chosen_parser(parser, args).print_help()
             return 2
         rc = int(run(args) or 0)
-        flush_notes()
+        flush_notes(stdout=stdout)
         return rc
     except KeyboardInterrupt:
         print("coulomb-attention: interrupted", file=sys.stderr)

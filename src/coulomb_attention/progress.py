@@ -22,12 +22,14 @@ import sys
 import time
 from collections.abc import Callable
 
-__all__ = ["EVERY_S", "Ticker", "lines_on", "set_lines"]
+__all__ = ["EVERY_S", "Ticker", "format_seconds", "lines_on", "set_lines"]
 
 #: at most this many seconds between two progress lines of a running loop
 EVERY_S = 30.0
 
 _LINES = False
+#: the clock of every :class:`Ticker` not given one (tests replace it)
+_clock: Callable[[], float] = time.monotonic
 
 
 def set_lines(on: bool) -> None:
@@ -72,21 +74,21 @@ class Ticker:
     enabled : bool, optional
         False: print nothing (a caller's ``progress=False``); None (default) or True: print
         when :func:`lines_on` (the CLI's lines mode; with bars or ``--no-progress`` it is off).
-    clock : callable
-        Seconds (monotonic); tests pass a fake one.
+    clock : callable, optional
+        Seconds (monotonic; default the module's ``_clock``); tests pass a fake one.
     log : callable
         Where a line goes (default: stdout, flushed).
     """
 
     def __init__(self, label: str, total: int | None = None, *, every: float = EVERY_S,
-                 enabled: bool | None = None, clock: Callable[[], float] = time.monotonic,
+                 enabled: bool | None = None, clock: Callable[[], float] | None = None,
                  log: Callable[[str], None] | None = None) -> None:
         if not every > 0:
             raise ValueError(f"every must be > 0 seconds, got {every!r}")
         self.label, self.total, self.every = label, total, float(every)
         self.enabled = enabled is not False and lines_on()
-        self.clock, self.log = clock, log or _print
-        self.start = self._last = clock()
+        self.clock, self.log = clock or _clock, log or _print
+        self.start = self._last = self.clock()
         self.lines = 0
 
     def line(self, step: int, **values: float | str) -> str:

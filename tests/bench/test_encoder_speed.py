@@ -97,9 +97,13 @@ def test_cli_random_init_writes_json_csv_md(tiny_dir, tmp_path, capsys):
     out.parent.mkdir()
     assert main(["bench", "encoder", str(tiny_dir), "--random-init", "--lengths", "8", "100",
                  "--max-positions", "100", "--batch-size", "2", "--repeats", "1",
-                 "--out", str(out)]) == 0
+                 "--threads", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "random weights" in printed and "position table 100" in printed
+    # the machine it ran on: threads and load, printed and in every row
+    assert "1 thread(s) of" in printed and "load average" in printed
+    assert all(r["threads"] == 1 and len(r["load_average_start"]) == 3 and r["cpu_count"]
+               and "verdict_withheld" in r for r in json.loads(out.read_text()))
     assert out.with_suffix(".md").read_text().startswith("random weights (speed only")
     rows = json.loads(out.read_text())
     assert [r["length"] for r in rows] == [8, 100]

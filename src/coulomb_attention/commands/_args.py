@@ -27,7 +27,8 @@ from typing import Any
 from ..progress import set_lines
 
 __all__ = ["PROGRESS_MODES", "THREADS_HELP", "add_progress", "add_threads", "apply_threads",
-           "fill", "flush_notes", "free_cores", "list_arg", "progress_mode", "resolve_threads", "split_list"]
+           "fill", "flush_notes", "free_cores", "list_arg", "note", "progress_mode",
+           "resolve_threads", "split_list"]
 
 PROGRESS_MODES = ("auto", "bar", "lines", "none")
 
@@ -187,25 +188,27 @@ def resolve_threads(args: argparse.Namespace | int | str, jobs: int = 1, *,
     return n
 
 
-#: lines for stderr held until the command's first output (:func:`flush_notes`)
-_NOTES: list[str] = []
+#: (stream, line) held until the command's first output (:func:`note`, :func:`flush_notes`)
+_NOTES: list[tuple[str, str]] = []
 
 
-def _note(line: str) -> None:
+def note(line: str, stream: str = "stderr") -> None:
+    """Hold ``line`` (the thread count, the shipped-sample warning) for ``stream`` until the
+    command first writes to stdout (:func:`flush_notes`): a command that stops on bad input
+    before that prints only its one error line."""
     if os.environ.get("RANK", "0") == "0":  # torchrun: once, from rank 0
-        _NOTES.append(line)
+        _NOTES.append((stream, line))
 
 
-def flush_notes(show: bool = True) -> None:
-    """Print the held notes (the resolved thread count) on stderr, once; ``show=False``
-    drops them. The CLI calls it when the command first writes to stdout, or when it ends
-    without having done so; a command that stops at once on bad input drops them (its
-    stderr stays one line)."""
-    lines = list(_NOTES)
+def flush_notes(show: bool = True, stdout=None) -> None:
+    """Print the held notes, once, each on its stream (``stdout``: that stream instead of
+    ``sys.stdout``); ``show=False`` drops them. The CLI calls it when the command first writes
+    to stdout, or when it ends without having done so, and drops them on bad input."""
+    held = list(_NOTES)
     _NOTES.clear()
-    if show:
-        for line in lines:
-            print(line, file=sys.stderr, flush=True)
+    for stream, line in held if show else ():
+        print(line, file=sys.stderr if stream == "stderr" else (stdout or sys.stdout),
+              flush=True)
 
 
 def apply_threads(args: argparse.Namespace, jobs: int = 1) -> int:
@@ -214,7 +217,7 @@ def apply_threads(args: argparse.Namespace, jobs: int = 1) -> int:
     (:func:`flush_notes`: shown once the command runs)."""
     import torch
 
-    n = resolve_threads(args, jobs, log=_note)
+    n = resolve_threads(args, jobs, log=note)
     args.threads = n
     torch.set_num_threads(n)
     return n

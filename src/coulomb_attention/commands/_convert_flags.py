@@ -201,8 +201,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--finish-lr", type=float, default=None, help="(default: 0.01)")
     g.add_argument("--finish-length", type=int, default=None,
                    help="tokens per finishing document (default: 512)")
-    g.add_argument("--force", action="store_true",
-                   help="convert again although --out holds a finished conversion")
     add_progress(p)
     p.add_argument("--no-hf", action="store_true",
                    help="do not write OUT/hf (the Hugging Face / sentence-transformers directory)")
+    p.add_argument("--force", action="store_true",
+                   help="convert again although --out holds a finished conversion (without it "
+                        "a finished --out is left as it is and the command exits 0; a killed "
+                        "run resumes either way)")

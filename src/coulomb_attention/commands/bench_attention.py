@@ -63,7 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
 
     from ..bench.attention import AttentionBenchConfig, run_benchmark, run_short
 
@@ -79,7 +78,6 @@ def run(args: argparse.Namespace) -> int:
         budget=args.budget, peak_size=args.peak_size, no_performer=args.no_performer)
     out = Path(args.out or ("runs/bench_attention_short" if args.short
                             else "runs/bench_attention"))
-    torch.set_num_threads(cfg.threads)
     log = lambda m: print(m, flush=True)  # noqa: E731
     if args.short:
         run_short(cfg, out, log=log)

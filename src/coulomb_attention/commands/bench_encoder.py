@@ -62,6 +62,13 @@ def run(args: argparse.Namespace) -> int:
     require_device(args.device)
     if args.fused and not args.random_init:
         raise ValueError("--fused needs --random-init")
+    if not args.random_init:
+        if args.hf_dir is None:
+            raise ValueError("HF_DIR is required without --random-init")
+        if (args.dtype != "float32" or args.max_positions is not None or args.n_features
+                or args.window is not None):
+            raise ValueError("--dtype, --max-positions, --n-features and --window need "
+                             "--random-init")
 
     threads = apply_threads(args)
     load_start = machine.load_average()
@@ -80,12 +87,6 @@ def run(args: argparse.Namespace) -> int:
                    f"{r0['device']}, {r0['dtype']}, {r0['threads']} thread(s), median of "
                    f"{r0['repeats']} interleaved repeats")
     else:
-        if args.hf_dir is None:
-            raise ValueError("HF_DIR is required without --random-init")
-        if (args.dtype != "float32" or args.max_positions is not None or args.n_features
-                or args.window is not None):
-            raise ValueError("--dtype, --max-positions, --n-features and --window need "
-                             "--random-init")
         rows = es.encoder_speed(args.hf_dir, args.original, args.lengths,
                                 batch_size=args.batch_size, repeats=args.repeats,
                                 device=args.device)

@@ -19,10 +19,12 @@ of the finished row, each card naming its row (``--no-hf``: none).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._args import apply_threads, progress_mode
+from ..data.registry import SAMPLE_WARNING
+from ._args import apply_threads, note, progress_mode
 from ._convert_flags import (  # noqa: F401  (re-exported: the tests read them)
     CONVERT_FLAGS,
     DISTILL_FLAGS,
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         return run_decoder(args)
     decoder_only = [f"--{k.replace('_', '-')}" for k in ("sinks", "linear_only", "fixed",
                                                          "method", "fit_length", "docs",
-                                                         "texts", "window_steps", "force",
+                                                         "texts", "window_steps",
                                                          "finish_steps", "finish_lr",
                                                          "finish_length")
                     if getattr(args, k) not in (None, False)]
@@ -104,6 +106,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     out = Path(args.out)
     art = Artifact(out)
+    if args.force and (args.grid or args.evaluate):
+        raise ValueError("--force converts again; it does not apply to --grid or --evaluate")
+    if not args.grid and not args.evaluate and art.has_result() and not args.force \
+            and not args.speed:
+        print(f"{out} holds a finished conversion (result.json); nothing to do. --force "
+              "converts again, --evaluate re-measures it.")
+        return 0
+    sample = _warn_sample(args)
     if args.grid:
         if cfg.finish is not None:
             raise ValueError("--lora-rank applies to one conversion, not to --grid")
@@ -117,7 +127,9 @@ def run(args: argparse.Namespace) -> int:
         res = evaluate_conversion(out, evaluation_changes(args), data_dir=args.data_dir)
         print("\n".join(result_lines(res)))
         print(f"wrote {write_convert_report(out)}")
-    elif not args.speed or not art.has_result():
+    elif args.force or not args.speed or not art.has_result():
+        if args.force:  # a forced run killed half-way must not pass for the finished one
+            art.result_path.unlink(missing_ok=True)
         res = convert_encoder(cfg, out, data_dir=args.data_dir, progress=args.progress,
                               evaluate=not args.no_eval)
         print("\n".join(result_lines(res)))
@@ -143,4 +155,19 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             print(f"{r['what']} L={r['length']}: converted {r['converted_ms']:.1f} ms, "
                   f"softmax {r['softmax_ms']:.1f} ms")
+    if sample:
+        print(SAMPLE_WARNING, file=sys.stderr)
     return 0
+
+
+def _warn_sample(args: argparse.Namespace) -> bool:
+    """Say (as ``train`` does) when the sentences, probes or documents come from the shipped
+    samples because no ``--data-dir`` / ``$COULOMB_DATA_DIR`` was given; also checks that a
+    given data directory exists before anything is loaded."""
+    from ..data.registry import data_source
+
+    reads_tasks = not (args.sentences and args.no_eval) or args.evaluate or args.grid
+    sample = data_source(args.data_dir)["source"] == "samples" and bool(reads_tasks)
+    if sample:
+        note(SAMPLE_WARNING, stream="stdout")  # with the first output: not before bad input
+    return sample

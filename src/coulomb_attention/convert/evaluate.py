@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..data.registry import data_source
+from ..progress import Ticker
 from .artifact import Artifact
 from .config import EVAL_FIELDS, ConvertConfig, config_of_result
 from .data import load_sentences, position_cap
@@ -43,7 +45,9 @@ def embed(model, tokenizer, texts: Sequence, max_length: int = 64,
     max_length = position_cap(model, max_length)
     order = sorted(range(len(texts)), key=lambda i: len(str(texts[i])))
     out = [None] * len(texts)
+    tick = Ticker(f"embedding {len(texts)} texts", total=len(texts))  # lines mode: every 30 s
     for start in range(0, len(order), batch_size):
+        tick.update(start)
         idx = order[start:start + batch_size]
         batch = [texts[i] if isinstance(texts[i], tuple) else (texts[i],) for i in idx]
         ids, mask = tokenizer.encode_batch(batch, max_length=max_length)[:2]
@@ -131,10 +135,14 @@ def document_fidelity(teacher, model, tokenizer, config: ConvertConfig, data_dir
                                            20_000 + config.seed)
         bs = max(1, min(config.batch_size, 4096 // length))
 
-        def emb(m, ids=ids, mask=mask, bs=bs):
+        def emb(m, ids=ids, mask=mask, bs=bs, length=length):
+            tick = Ticker(f"{length}-token documents", total=len(ids))  # lines: every 30 s
+            parts = []
             with torch.no_grad():
-                return torch.cat([m.sentence_embedding(ids[i:i + bs], mask[i:i + bs])
-                                  for i in range(0, len(ids), bs)]).float()
+                for i in range(0, len(ids), bs):
+                    tick.update(i)
+                    parts.append(m.sentence_embedding(ids[i:i + bs], mask[i:i + bs]))
+            return torch.cat(parts).float()
 
         row = {**embedding_fidelity(emb(teacher), emb(model)), **info}
         if config.window:
@@ -256,6 +264,7 @@ def evaluate_conversion(directory: str | os.PathLike, changes: dict[str, Any] | 
     res.update(evaluate_encoder(model, teacher, tok, config, data_dir))
     settings = json.loads(json.dumps(dataclasses.asdict(config), default=list))
     res["evaluation"] = {k: settings[k] for k in EVAL_FIELDS}
+    res["evaluation"]["data"] = data_source(data_dir)  # the data of this measurement
     art.write_result(res)
     return res
 

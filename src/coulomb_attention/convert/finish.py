@@ -57,6 +57,7 @@ from ..nn.lora import (
     lora_parameters,
     merge_lora_,
 )
+from ..progress import Ticker
 from .distill import DistillConfig, _ParticlesOf, embedding_data
 
 __all__ = ["OBJECTIVES", "FinishConfig", "finish_lowrank", "finish_loss", "hidden_state_loss",
@@ -309,6 +310,7 @@ def finish_lowrank(
     states = [teacher_states(teacher, config.objective, *inputs) for inputs, _ in data["train"]]
     stream = cycle(list(zip(data["train"], states, strict=True)), order)
     losses, aux_losses = [], []
+    tick = Ticker(f"finish (rank {config.rank})", total=steps, enabled=progress)  # every 30 s
     for k in range(steps):
         (inputs, target), state = next(stream)
         loss, aux = finish_loss(model, config.objective, inputs, target, state,
@@ -329,6 +331,8 @@ def finish_lowrank(
             aux_losses.append(float(aux.detach()))
         if progress and (k + 1) % max(1, steps // 10) == 0:
             print(f"  finish step {k + 1}/{steps}: loss {losses[-1]:.5f}", flush=True)
+        else:
+            tick.update(k + 1, loss=losses[-1])
     if omega is not None:
         G = layers[0].omega.shape[0]
         for j, layer in enumerate(layers):

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..data.registry import data_source
 from .artifact import Artifact
 from .config import ConvertConfig, config_json, config_of_result, conversion_key
 from .data import (
@@ -203,6 +204,7 @@ def _convert(config: ConvertConfig, out, *, data_dir, progress, log, evaluate):
                                              directory, stages, records, progress)
     art.write_records(records)
     result: dict[str, Any] = {"config": config_json(config), "encoder_dir": str(directory),
+                              "data": data_source(data_dir),  # samples / dir / hf
                               "n_sentences": len(sentences), "distill_s": distill_s,
                               "refine": refine}
     if documents is not None:

@@ -30,6 +30,7 @@ _HOME = {
     "ADVERSARIAL_SPLIT": "registry", "DATA_DIR_ENV": "registry", "DATASETS": "registry",
     "HF": "registry", "SAMPLE_ORIGINS": "registry", "SAMPLES_DIR": "registry",
     "TaskSpec": "registry", "get_task": "registry", "resolve_data_dir": "registry",
+    "DATA_SOURCES": "registry", "SAMPLE_WARNING": "registry", "data_source": "registry",
     "SPECIAL_TOKENS": "tokenizer", "Tokenizer": "tokenizer", "build_tokenizer": "tokenizer",
     "texts_fingerprint": "tokenizer",
 }

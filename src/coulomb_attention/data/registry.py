@@ -14,10 +14,13 @@ __all__ = [
     "ADVERSARIAL_SPLIT",
     "DATASETS",
     "DATA_DIR_ENV",
+    "DATA_SOURCES",
     "HF",
+    "SAMPLE_WARNING",
     "SAMPLES_DIR",
     "SAMPLE_ORIGINS",
     "TaskSpec",
+    "data_source",
     "get_task",
     "resolve_data_dir",
 ]
@@ -203,3 +206,27 @@ def resolve_data_dir(value: str | os.PathLike | None = None) -> pathlib.Path | s
     if not path.is_dir():
         raise NotADirectoryError(f"data directory {str(path)!r} (from {origin}) is not a folder")
     return path
+
+
+#: Said (at the start and again after the result) by every command that reads task data from
+#: the shipped samples because no data directory was given.
+SAMPLE_WARNING = ("WARNING: no data directory given (--data-dir or $COULOMB_DATA_DIR): this run "
+                  "uses the SHIPPED SAMPLE (a few hundred rows, for smoke tests); its numbers "
+                  "are not results. Real data: --data-dir DIR (here ../shared/data) or "
+                  "--data-dir hf.")
+#: the values of :func:`data_source`'s ``"source"``
+DATA_SOURCES = ("samples", "dir", "hf")
+
+
+def data_source(value: str | os.PathLike | None = None) -> dict[str, str | None]:
+    """Where the task data of a run comes from, for its result file:
+    ``{"source": "samples" | "dir" | "hf", "path": str or None}`` (:func:`resolve_data_dir`'s
+    choice: ``path`` is the directory, None for the hub). A directory inside the shipped
+    samples counts as ``"samples"``. Result files written before this field existed lack it;
+    readers take its absence as unknown."""
+    root = resolve_data_dir(value)
+    if root == HF:
+        return {"source": "hf", "path": None}
+    path = pathlib.Path(root).resolve()
+    sample = path == SAMPLES_DIR or path.is_relative_to(SAMPLES_DIR)
+    return {"source": "samples" if sample else "dir", "path": str(path)}

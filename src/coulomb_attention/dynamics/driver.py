@@ -30,6 +30,7 @@ import torch
 
 from .._validation import check_choice, check_positive
 from ..names import LEARN_METHODS as METHODS
+from ..progress import Ticker
 from .adam import projected_adam
 from .langevin import SCHEDULES, LangevinState, make_schedule, projected_langevin
 from .weighted import Reaction, ReactionNormalizer, weighted_langevin
@@ -260,11 +261,13 @@ def learn_particles(
         tau_fn = None
     state.step = int(start_step)
     bar = None
+    desc = progress if isinstance(progress, str) else "Langevin"
+    # off a terminal (the CLI's lines mode) a line at least every 30 s instead of the bar
+    tick = Ticker(desc, total=schedule.steps, enabled=bool(progress))
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=schedule.steps, initial=state.step,
-                   desc=progress if isinstance(progress, str) else "Langevin", leave=False)
+        bar = tqdm(total=schedule.steps, initial=state.step, desc=desc, leave=False)
     trace: list[dict] = []
     try:
         while state.step < schedule.steps:
@@ -282,6 +285,7 @@ def learn_particles(
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(energy=f"{info['energy']:.4g}", refresh=False)
+                tick.update(state.step, energy=float(info["energy"]))
     finally:
         if bar is not None:
             bar.close()

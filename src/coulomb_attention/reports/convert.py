@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import pyplot
+from . import data_note, pyplot
 
 __all__ = ["grid_table", "read_jsonl", "result_lines", "write_convert_report", "write_grid_report",
            "write_rows_report"]
@@ -67,6 +67,8 @@ def write_convert_report(directory: str | Path) -> Path:
              "", f"{res['n_sentences']} training sentences loaded; conversion (layer-wise "
              f"distillation + joint refinement) {res['distill_s']:.0f} s, total "
              f"{res['total_s']:.0f} s.", ""]
+    if "data" in res:  # result files from before the field: no line
+        lines += [data_note(res["data"]) + ".", ""]
     if records:
         lines += ["## Row KL / output MSE per layer (mean over heads; held-out sentences)", "",
                   "| layer | KL before | KL after | MSE before | MSE after | time s |",
@@ -142,7 +144,7 @@ def _probe_lines(res: dict[str, Any]) -> list[str]:
 def result_lines(res: dict[str, Any]) -> list[str]:
     """The console summary of one conversion's ``result.json``: fidelity on the held-out
     sentences and pseudo-documents, and the low-rank finished row when there is one."""
-    lines = []
+    lines = [data_note(res["data"])] if "data" in res else []  # absent in older results
     fid = res.get("fidelity")
     if fid:
         lines.append(f"embedding cosine mean {fid['cos_mean']:.4f}, p5 {fid['cos_p5']:.4f}; "

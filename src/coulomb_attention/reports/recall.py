@@ -71,7 +71,8 @@ def summarize(rows: list[dict]) -> list[str]:
         soft, none = _by_seed(lr, "softmax", "vanilla"), _by_seed(lr, "none", "vanilla")
         if soft:
             lines.append(f"- softmax accuracy {np.mean(list(soft.values())):.4f} "
-                         f"(target >= 0.99 at the easy level)")
+                         f"(target >= 0.99 at the easy level: the exact reference must solve "
+                         f"MQAR; docs/recall.md)")
         if none:
             lines.append(f"- none accuracy {np.mean(list(none.values())):.4f} "
                          f"(chance {lr[0]['chance']:.4f})")

@@ -1,7 +1,8 @@
 """The Transformer-suite report: Markdown tables and plots from result files only.
 
-Reads every ``RESULTS/<task>/<attention>-<kernel>/seed<S>/metrics.json`` and writes
-``RESULTS/report.md`` with
+Reads the ``metrics.json`` files of ``RESULTS`` in any of :data:`LAYOUTS` (one ``train`` run,
+a folder of them such as ``train``'s default ``runs/train``, or a suite's
+``<task>/<attention>-<kernel>/seed<S>/``) and writes ``RESULTS/report.md`` with
 
 * per task: mean +- std over seeds of accuracy, MCC, F1, ECE, log-loss, Brier, the mean
   accuracy under corruption, AdvGLUE accuracy, phase-A alignment gain and wall time;
@@ -23,19 +24,44 @@ import numpy as np
 from ..data.tokenizer import HF_TRAINER, TRAINER, trainer_of
 from ..results import atomic_write_text
 from ..stats import paired_difference
+from . import data_note
 
-__all__ = ["build_report", "load_results", "target_lines"]
+__all__ = ["LAYOUTS", "TARGET_SOURCE", "build_report", "load_results", "target_lines"]
 
 METRICS = ("accuracy", "mcc", "f1", "ece", "log_loss", "brier")
 
 
+#: the layouts of ``metrics.json`` files a report reads: (what writes it, pattern under RESULTS)
+LAYOUTS = (("a train run", "metrics.json"),
+           ("a folder of train runs, as train's default runs/train", "*/metrics.json"),
+           ("a suite", "*/*/seed*/metrics.json"))
+
+
+def _no_layout(results: Path) -> str:
+    """The one-line error for a directory that matches none of :data:`LAYOUTS`, with a hint
+    when it is another command's output."""
+    from ..convert.artifact import Artifact
+
+    expected = ", ".join(f"{what} ({pattern})" for what, pattern in LAYOUTS)
+    hint = ""
+    if Artifact(results).has_result():
+        hint = ("; it holds a conversion, whose report.md `convert` writes (several "
+                "conversions: report MANIFEST.json --conversions)")
+    elif (results / "results.jsonl").is_file():
+        hint = ("; it holds a results.jsonl (minilm compare: `coulomb-attention minilm report "
+                f"--out {results}`)")
+    return f"{results}: expected {expected}; found no metrics.json{hint}"
+
+
 def load_results(results: str | Path) -> list[dict]:
-    """All ``metrics.json`` files under ``results`` (sorted by path)."""
+    """The ``metrics.json`` files of ``results`` in every layout of :data:`LAYOUTS` (sorted
+    by path; ``FileNotFoundError`` naming the layouts when there is none)."""
     results = Path(results)
     if not results.is_dir():
         raise NotADirectoryError(f"results directory not found: {results}")
     rows = []
-    for path in sorted(results.glob("*/*/seed*/metrics.json")):
+    found = sorted({p for _, pattern in LAYOUTS for p in results.glob(pattern)})
+    for path in found:
         try:
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -49,7 +75,7 @@ def load_results(results: str | Path) -> list[dict]:
         data["_dir"] = str(path.parent)
         rows.append(data)
     if not rows:
-        raise FileNotFoundError(f"no */*/seed*/metrics.json under {results}")
+        raise FileNotFoundError(_no_layout(results))
     return rows
 
 
@@ -189,6 +215,8 @@ def _plots(task: str, by_variant: dict[str, list[dict]], out: Path) -> list[str]
 
 # Absolute from-scratch accuracy targets of the issue (same-size models on this CPU).
 ACCURACY_TARGETS = {"sst2": 0.83, "rotten_tomatoes": 0.76}
+#: where every target of :func:`target_lines` comes from (named on each target line)
+TARGET_SOURCE = "issue 5's targets for the from-scratch classifier; docs/transformer.md"
 # Metrics where lower is better (the rest: higher is better).
 LOWER_IS_BETTER = {"ece", "log_loss", "brier"}
 
@@ -253,10 +281,11 @@ def target_lines(task: str, variants: dict[str, list[dict]]) -> list[str]:
         lines.append(
             f"- best learned variant {best}: accuracy {gap * 100:+.2f} points against softmax "
             f"(target at most 1 point behind: {'met' if gap >= -0.01 else 'NOT met'}), ECE "
-            f"{dece:+.4f} (target lower than softmax: {'met' if dece < 0 else 'NOT met'})")
+            f"{dece:+.4f} (target lower than softmax: {'met' if dece < 0 else 'NOT met'}) "
+            f"(targets: {TARGET_SOURCE})")
         if task == "qqp":  # the issue's QQP target: ahead of the same-size softmax model
             lines.append(f"- QQP target, best learned ahead of softmax in accuracy: "
-                         f"{'met' if gap > 0 else 'NOT met'}")
+                         f"{'met' if gap > 0 else 'NOT met'} ({TARGET_SOURCE})")
     elif learned:
         lines.append("- no softmax-vanilla runs: the comparison with softmax is not measured")
     if not learned:
@@ -265,8 +294,8 @@ def target_lines(task: str, variants: dict[str, list[dict]]) -> list[str]:
         goal = ACCURACY_TARGETS[task]
         best_any = max(variants, key=lambda n: mean(n, "accuracy"))
         acc = mean(best_any, "accuracy")
-        lines.append(f"- absolute target accuracy >= {goal:.2f}: best mean {acc:.4f} "
-                     f"({best_any}): {'met' if acc >= goal else 'NOT met'}")
+        lines.append(f"- absolute target accuracy >= {goal:.2f} ({TARGET_SOURCE}): best mean "
+                     f"{acc:.4f} ({best_any}): {'met' if acc >= goal else 'NOT met'}")
     return lines + [""]
 
 
@@ -322,6 +351,17 @@ def _sample_note(variants: dict[str, list[dict]]) -> list[str]:
     return [f"**SHIPPED SAMPLE: {n} of {len(runs)} run(s) used the small data samples shipped "
             "with the package (no --data-dir), for smoke tests only: their numbers are not "
             "results.**", ""]
+
+
+def _data_lines(variants: dict[str, list[dict]]) -> list[str]:
+    """Where the runs' data came from (``metrics.json``'s ``data``; older runs: not recorded),
+    one line per source with its number of runs."""
+    counts: dict[str, int] = defaultdict(int)
+    for runs in variants.values():
+        for r in runs:
+            counts[data_note(r.get("data"))] += 1
+    return [f"{note[0].upper()}{note[1:]} ({n} run(s))." for note, n in sorted(counts.items())
+            ] + [""]
 
 
 def _setup_note(variants: dict[str, list[dict]]) -> str:
@@ -386,7 +426,7 @@ def build_report(results: str | Path, plots: bool = True) -> Path:
                      .get("train_limit") else "") + ")."
                   + _embeddings_note(variants) + _tokenizer_note(variants)
                   + _setup_note(variants), ""]
-        lines += _sample_note(variants) + _contribution_lines(
+        lines += _sample_note(variants) + _data_lines(variants) + _contribution_lines(
             [r for runs in variants.values() for r in runs])
         header = ["variant", "seeds", *COLUMNS]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

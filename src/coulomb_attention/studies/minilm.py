@@ -96,6 +96,7 @@ def row_of(task: str, variant: str, m: dict[str, Any]) -> dict[str, Any]:
             "n_train": m["n_train"], "n_eval": m["n_eval"], "eval_split": m["eval_split"],
             "eval_description": m.get("eval_description", ""),
             "conversion_dir": conv.get("dir"), "torch_threads": m.get("torch_threads"),
+            "data": m.get("data"),  # data.data_source (None: a run from before the field)
             "config": m["config"]}
 
 

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from .._validation import check_choice, check_nonnegative, check_positive
 from ..config import to_dict
+from ..progress import Ticker
 from .checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -400,7 +401,9 @@ def fit(
             n_seen = torch.zeros((), dtype=torch.float64)
             bar = tqdm(loader, desc=f"{desc} {epoch + 1}/{config.epochs}", leave=False,
                        disable=not (runtime.progress and runtime.is_main), mininterval=2.0)
-            for ids, mask, labels in bar:
+            tick = Ticker(f"{desc} {epoch + 1}/{config.epochs}", total=len(loader),
+                          enabled=runtime.progress and runtime.is_main)  # lines: every 30 s
+            for batch_i, (ids, mask, labels) in enumerate(bar, 1):
                 ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
                 lr = config.lr * lr_factor(step, total_steps, config.warmup_fraction,
                                            config.schedule)
@@ -423,6 +426,7 @@ def fit(
                 loss_sum += float(loss.detach()) * labels.shape[0]
                 n_seen += labels.shape[0]
                 bar.set_postfix(loss=f"{float(loss.detach()):.4f}", lr=f"{lr:.2e}", refresh=False)
+                tick.update(batch_i, loss=float(loss.detach()))
             bar.close()
             loss_sum, n_seen = runtime.all_reduce_sum([loss_sum, n_seen])
             epoch_time = time.perf_counter() - t0

@@ -235,7 +235,9 @@ def align_features(
             order = torch.randperm(len(fit_batches), generator=generator).tolist()
             result = learn_particles(
                 ham, omega0, schedule, cycle(fit_batches, order), projection=projection,
-                generator=generator, comm=comm, normalize_drift=config.normalize_drift)
+                generator=generator, comm=comm, normalize_drift=config.normalize_drift,
+                progress=f"phase A layer {li} heads {heads.start}:{heads.stop}"
+                if progress else False)
             state, trace = result.state, result.trace
             after = _alignment(state.omega, fit_batches, features, config.center, comm)
             hold_after = (_alignment(state.omega, hold_batches, features, config.center, comm)

@@ -38,6 +38,7 @@ from ..config import deep_merge, from_dict, override, to_dict
 from ..convert import Conversion, cached_conversion, conversion_of_run, load_conversion
 from ..convert.distill import DistillConfig, distill_attention
 from ..data import DATASETS, build_tokenizer, load_task, resolve_data_dir
+from ..data.registry import SAMPLE_WARNING, data_source
 from ..nn.attention import ATTENTION_FEATURES
 from ..nn.model import ModelConfig, TransformerClassifier
 from ..results import atomic_write_json, atomic_write_text
@@ -438,10 +439,7 @@ def copy_warmup(src_run: Path, dst_run: Path, config: RunConfig) -> None:
 
 
 RESUME_MODES = (False, True, "auto")
-SAMPLE_WARNING = ("WARNING: no data directory given (--data-dir or $COULOMB_DATA_DIR): this run "
-                  "uses the SHIPPED SAMPLE (a few hundred rows, for smoke tests); its numbers "
-                  "are not results. Real data: --data-dir DIR (here ../shared/data) or "
-                  "--data-dir hf.")
+# SAMPLE_WARNING: data.registry's, re-exported (the train command prints it after the result)
 
 
 #: the per-epoch monitor (history only: no model selection) reads at most this many evaluation
@@ -651,6 +649,7 @@ def run(
         "n_params": sum(p.numel() for p in model.parameters()),
         "n_trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "data_is_sample": bool(sample),
+        "data": data_source(data_dir),  # samples / dir / hf, and the path
         "torch_threads": torch.get_num_threads(),
         "world_size": runtime.world_size,  # processes (torchrun), one shard of data each
         "batch_size_per_process": config.train.batch_size,
