@@ -1,10 +1,14 @@
 """What a new user sees (issue 18): the shipped-sample warning, resume feedback, file modes that
-honour the umask, the process/batch record in metrics.json, clipped limits, --help defaults."""
+honour the umask, the process/batch record in metrics.json, clipped limits, --help defaults.
+Round two (issue 48): result files record their data source, progress lines off a terminal,
+`report` of a train run and the layouts it expects, target sources, `convert` on the samples and
+on a finished --out, `--data-dir hf` without `datasets`, subcommand usage, the SPDX license."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -142,3 +146,224 @@ def test_train_help_shows_defaults(capsys):
     assert "phase-B (fine-tuning) epochs (default: 2; pretrained encoder: 1)" in text
     assert "random subset of the evaluation split (default: all)" in text
     assert "random features per head (default: 64)" in text
+
+
+# ------------------------------------------------------------------ round two (issue 48)
+
+def _train_argv(out, *extra):
+    argv = [a for a in TINY if a != "--no-progress"]
+    return [*argv, "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory):
+    """One TINY run on the shipped samples, as `train` lays it out under runs/train, with its
+    progress in lines (off a terminal) and a clock that advances 31 s per reading."""
+    import contextlib
+    import io
+
+    from coulomb_attention import progress
+    from coulomb_attention.commands._args import progress_mode
+
+    root = tmp_path_factory.mktemp("runs") / "train"
+    out = root / "sst2-favor-vanilla-s0"
+    t = {"now": 0.0}
+
+    def clock():
+        t["now"] += 31.0
+        return t["now"]
+
+    env = os.environ.pop("COULOMB_DATA_DIR", None)
+    old_clock = progress._clock
+    progress._clock = clock
+    stdout, stderr = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            rc = main(_train_argv(out, "--progress", "lines"))
+    finally:
+        progress._clock = old_clock
+        progress_mode("bar")
+        if env is not None:
+            os.environ["COULOMB_DATA_DIR"] = env
+    assert rc == 0, stderr.getvalue()
+    return root, out, stdout.getvalue(), stderr.getvalue()
+
+
+def test_train_records_its_data_source_and_threads(train_run):
+    from coulomb_attention.data.registry import SAMPLES_DIR
+
+    _, out, _, err = train_run
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["data"] == {"source": "samples", "path": str(SAMPLES_DIR)}
+    assert metrics["data_is_sample"] is True and metrics["torch_threads"] == 1
+    said = [line for line in err.splitlines() if line.startswith("threads: ")]
+    assert len(said) == 1 and said[0].startswith("threads: 1 (--threads 1; ")
+
+
+def test_train_prints_progress_lines_off_a_terminal(train_run):
+    """--progress lines (auto off a terminal): each epoch's loop says where it is at least
+    every 30 s: step i/n, elapsed, loss."""
+    out = train_run[2]
+    lines = [line for line in out.splitlines()
+             if re.match(r"(warm-up|fine-tune) 1/1: step \d+/\d+, .* elapsed, loss \d", line)]
+    assert any(line.startswith("fine-tune 1/1: step 1/2,") for line in lines), out
+    assert any(line.startswith("warm-up 1/1: step 2/2,") for line in lines), out
+
+
+def test_data_source_of_each_kind(tmp_path, monkeypatch):
+    from coulomb_attention.data.registry import SAMPLES_DIR, data_source
+
+    monkeypatch.delenv("COULOMB_DATA_DIR", raising=False)
+    assert data_source() == {"source": "samples", "path": str(SAMPLES_DIR)}
+    assert data_source(SAMPLES_DIR / "sst2")["source"] == "samples"
+    assert data_source("hf") == {"source": "hf", "path": None}
+    assert data_source(tmp_path) == {"source": "dir", "path": str(tmp_path.resolve())}
+    monkeypatch.setenv("COULOMB_DATA_DIR", str(tmp_path))
+    assert data_source()["source"] == "dir"
+    with pytest.raises(FileNotFoundError):
+        data_source(tmp_path / "absent")
+
+
+def test_report_reads_a_train_run_and_train_default_folder(train_run, tmp_path, capsys):
+    root, out, _, _ = train_run
+    for target in (out, root):
+        assert main(["report", str(target), "--no-plots"]) == 0
+        text = (target / "report.md").read_text()
+        assert "1 run(s) read from" in text and "## sst2" in text
+        assert "Data: the SHIPPED SAMPLE of the package" in text
+        # every target line names where its target comes from
+        targets = [line for line in text.splitlines() if "target" in line.lower()
+                   and line.startswith("- ")]
+        assert targets and all("docs/transformer.md" in line for line in targets), targets
+    # a result file from before the data source was recorded still reports
+    old = tmp_path / "old" / "sst2-favor-vanilla-s0"
+    old.mkdir(parents=True)
+    metrics = json.loads((out / "metrics.json").read_text())
+    del metrics["data"]
+    (old / "metrics.json").write_text(json.dumps(metrics))
+    assert main(["report", str(old.parent), "--no-plots"]) == 0
+    assert "Data: not recorded" in (old.parent / "report.md").read_text()
+
+
+def test_report_says_which_layouts_it_expects(tmp_path, capsys):
+    (tmp_path / "x").mkdir()
+    assert main(["report", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{tmp_path / 'x'}: expected a train run (metrics.json)" in err[0]
+    assert "(*/metrics.json)" in err[0] and "a suite (*/*/seed*/metrics.json)" in err[0]
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "results.jsonl").write_text("")
+    assert main(["report", str(tmp_path / "m")]) == 2
+    assert "minilm report" in capsys.readouterr().err
+
+
+def test_every_report_target_names_its_source():
+    from coulomb_attention.reports import minilm, recall, transformer
+
+    runs = {"softmax-vanilla": [{"seed": 0, "accuracy": 0.8, "ece": 0.1, "mcc": 0.5,
+                                 "log_loss": 0.5, "brier": 0.2}],
+            "favor-learned": [{"seed": 0, "accuracy": 0.81, "ece": 0.09, "mcc": 0.5,
+                               "log_loss": 0.5, "brier": 0.2}]}
+    for task in ("sst2", "qqp"):
+        lines = [line for line in transformer.target_lines(task, runs)
+                 if "target" in line.lower() and line.startswith("- ")]
+        assert lines and all(transformer.TARGET_SOURCE in line for line in lines), lines
+    assert "docs/minilm.md" in minilm.TARGET_SOURCE
+    assert "docs/recall.md" in (Path(recall.__file__).read_text())
+
+
+def _tiny_bert(tmp_path):
+    from test_pretrained import write_tiny_bert
+
+    (tmp_path / "tiny-bert").mkdir()
+    return write_tiny_bert(tmp_path / "tiny-bert", qk_scale=4.0)
+
+
+def test_convert_on_samples_warns_records_and_a_finished_one_is_left(tmp_path, capsys,
+                                                                     no_data_env):
+    """`convert` without --data-dir warns as `train` does (stdout at the start, stderr at
+    the end), records its data source, and a second run of a finished --out does nothing
+    (exit 0, one line saying so) unless --force."""
+    tiny = _tiny_bert(tmp_path)
+    out = tmp_path / "conv"
+    argv = ["convert", "--encoder", str(tiny), "--n-features", "4", "--tasks", "sst2",
+            "--n-sentences", "9", "--holdout", "3", "--steps", "2", "--batch-size", "3",
+            "--max-length", "16", "--eval-sentences", "8", "--refine-steps", "0",
+            "--probe-tasks", "--no-hf", "--no-progress", "--threads", "1", "--out", str(out)]
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+    assert cap.out.startswith("WARNING: no data directory given") and "SHIPPED SAMPLE" in cap.out
+    assert "SHIPPED SAMPLE" in cap.err.splitlines()[-1]
+    assert "data: the SHIPPED SAMPLE of the package" in cap.out
+    res = json.loads((out / "result.json").read_text())
+    assert res["data"]["source"] == "samples"
+    stamp = (out / "result.json").stat().st_mtime_ns
+
+    assert main(argv) == 0  # finished: nothing to do
+    cap = capsys.readouterr()
+    assert cap.out.strip() == (f"{out} holds a finished conversion (result.json); nothing to "
+                               "do. --force converts again, --evaluate re-measures it.")
+    assert "SHIPPED" not in cap.out + cap.err
+    assert (out / "result.json").stat().st_mtime_ns == stamp
+
+    assert main([*argv, "--force"]) == 0  # converts again
+    assert "embedding cosine" in capsys.readouterr().out
+    assert (out / "result.json").stat().st_mtime_ns != stamp
+    assert main([*argv, "--force", "--evaluate"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--force converts again" in err and "\n" not in err
+
+
+def test_data_dir_hf_without_datasets_is_one_line(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` fails
+    assert main(_train_argv(tmp_path / "hf", "--data-dir", "hf", "--no-progress")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("coulomb-attention: error: ")
+    assert "`datasets` package" in err[0] and "pip install datasets" in err[0]
+    assert "coulomb-attention[hf]" in err[0]
+
+
+def test_a_missing_optional_package_names_its_install_line():
+    from coulomb_attention.cli import optional_message
+
+    msg = optional_message(ModuleNotFoundError("No module named 'transformers'",
+                                               name="transformers"))
+    assert msg == ("No module named 'transformers': the optional package transformers is not "
+                   "installed; pip install transformers (or pip install "
+                   "'coulomb-attention[hf-export]')")
+    try:
+        import definitely_not_a_package  # noqa: F401
+    except ModuleNotFoundError as exc:
+        assert "pip install definitely-not-a-package" in optional_message(exc)
+
+
+@pytest.mark.parametrize("argv,usage", [
+    (["train", "--taks", "sst2"], "usage: coulomb-attention train "),
+    (["minilm", "compare", "--bogus"], "usage: coulomb-attention minilm compare "),
+    (["bench", "attention", "--bogus"], "usage: coulomb-attention bench attention "),
+    (["convert", "--bogus"], "usage: coulomb-attention convert "),
+])
+def test_a_subcommand_parse_error_shows_its_usage(argv, usage, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage), err
+    assert err.strip().splitlines()[-1].endswith(f"error: unrecognized arguments: {argv[-1]}"
+                                                  if argv[-1] != "sst2" else
+                                                  "error: unrecognized arguments: --taks sst2")
+
+
+def test_license_is_an_spdx_string():
+    """PEP 639: `license = "MIT"` (a table is deprecated and warns on every install); needs
+    setuptools >= 77 in the build requirements."""
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    repo = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((repo / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "MIT"
+    assert not any("License ::" in c for c in project["project"].get("classifiers", []))
+    pins = [r for r in project["build-system"]["requires"] if r.startswith("setuptools")]
+    assert pins == ["setuptools>=77"]

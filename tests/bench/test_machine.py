@@ -33,7 +33,8 @@ def test_machine_record_and_line():
     assert rec["load_average_start"] == [2.5, 1, 1] and rec["load_average_end"] == [2.0, 1, 1]
     assert rec["verdict_withheld"] and "busy" in rec["verdict_withheld"]
     line = machine.machine_line(1, (2.5, 1, 1), (2.0, 1, 1), 2)
-    assert line.startswith("1 thread(s) of 2 cores") and "2.50 at the start, 2.00 at the end" in line
+    assert line.startswith("1 thread(s) of 2 cores")
+    assert "2.50 at the start, 2.00 at the end" in line
 
 
 TINY = ["bench", "attention", "--lengths", "32", "64", "--features", "16", "--repeats", "1",
