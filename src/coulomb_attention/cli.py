@@ -2,8 +2,11 @@
 
 Each command lives in a module with ``add_arguments(parser)`` and ``run(args) -> int``;
 this file only wires names to modules and turns user-input errors (bad values, missing files,
-a missing optional package) into a one-line message with exit status 2 (no traceback; set
-``COULOMB_DEBUG=1`` to see it). Any other exception is a bug: it keeps its traceback, exit 1.
+a missing optional package, named with its install line) into a one-line message with exit
+status 2 (no traceback; set ``COULOMB_DEBUG=1`` to see it). Any other exception is a bug: it
+keeps its traceback, exit 1. An unknown flag of a subcommand is reported with that
+subcommand's usage (:func:`parse`). The notes a command holds for stderr (its thread count,
+``commands._args.note``) come out when it first writes to stdout, so bad input stays one line.
 """
 
 from __future__ import annotations

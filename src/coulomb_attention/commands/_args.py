@@ -126,9 +126,9 @@ def progress_mode(args: argparse.Namespace | str, stream=None) -> str:
 
 # ------------------------------------------------------------------------------- threads
 
-THREADS_HELP = ("torch CPU threads: auto (default: the cores the 1-minute load average "
-                "leaves free, at least 1) or N >= 1; on a busy machine fewer threads than "
-                "cores is often faster")
+THREADS_HELP = ("torch CPU threads: auto (the cores the 1-minute load average leaves "
+                "free, at least 1) or N >= 1; on a busy machine fewer threads than cores is "
+                "often faster")
 
 
 def free_cores(cpu_count: int | None = None, load: float | None = None) -> tuple[int, int, float]:
