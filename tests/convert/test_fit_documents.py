@@ -102,3 +102,21 @@ def test_enough_sentences_are_drawn_for_the_documents(tiny_dir):
     sentences = load_sentences(("sst2", "rotten_tomatoes"), "train", None, n, 0)
     ids, _, _ = training_documents(tok, sentences, 20, 11, seed=0)
     assert ids.shape == (11, 20)
+
+
+def test_cli_defaults_at_512_tokens_are_the_budget_of_the_sentence_defaults():
+    """`convert --fit-documents 512` at the defaults: 128 documents fitted, 32 held out, 512
+    refined on, 8 per step (the help's figures), the rest as for sentences."""
+    import argparse
+
+    from coulomb_attention.commands.convert import add_arguments, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg = config_from_args(p.parse_args(["--fit-documents", "512"]))
+    d = cfg.distill
+    assert cfg.fit_documents == 512 and cfg.max_length == 64
+    assert (d.n_examples, d.holdout, d.refine_examples, d.batch_size) == (128, 32, 512, 8)
+    assert d == document_budget(config_from_args(p.parse_args([])).distill, 64, 512)
+    mine = config_from_args(p.parse_args(["--fit-documents", "512", "--batch-size", "4"]))
+    assert mine.distill.batch_size == 4 and mine.distill.n_examples == 128

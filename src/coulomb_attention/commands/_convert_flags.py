@@ -21,7 +21,7 @@ CONVERT_FLAGS = {"encoder": "encoder", "feature_map": "feature_map", "n_features
                  "max_length": "max_length", "eval_sentences": "eval_sentences",
                  "probe_tasks": "probe_tasks", "probe_train": "probe_train",
                  "probe_eval": "probe_eval", "window": "window", "doc_lengths": "doc_lengths",
-                 "doc_count": "doc_count"}
+                 "doc_count": "doc_count", "fit_documents": "fit_documents"}
 #: the flags (dests) ``convert --evaluate`` accepts: those of CONVERT_FLAGS whose field is in
 #: convert.EVAL_FIELDS (tests/commands/test_help_and_args.py checks the two agree)
 EVALUATION_FLAGS = ("eval_sentences", "probe_tasks", "probe_train", "probe_eval", "doc_lengths",
@@ -43,7 +43,8 @@ HELP_DEFAULTS = {
                 "variant": "particles", "tasks": ("sst2", "rotten_tomatoes", "qqp"),
                 "max_length": 64, "eval_sentences": 512,
                 "probe_tasks": ("sst2", "rotten_tomatoes"), "probe_train": 2000,
-                "probe_eval": 0, "window": 0, "doc_lengths": (), "doc_count": 32},
+                "probe_eval": 0, "window": 0, "doc_lengths": (), "doc_count": 32,
+                "fit_documents": 0},
     "distill": {"n_examples": 1024, "holdout": 256, "steps": 150, "batch_size": 64,
                 "rows_per_sequence": 16, "eta": 3.0, "eta_end": 0.3, "beta": 1e6, "lam": 0.0,
                 "output_weight": 0.0, "lr": 0.02, "refine_steps": 200,
@@ -129,6 +130,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "lengths (RT test reviews concatenated; with --window, the teacher's "
                         f"attention mass inside the window too) {dflt('doc_lengths')}")
     p.add_argument("--doc-count", type=int, help=f"pseudo-documents per length {dflt('doc_count')}")
+    p.add_argument("--fit-documents", type=int, metavar="L",
+                   help="fit on documents of L tokens (the training texts concatenated, each "
+                        "text in one document at most) instead of sentences; --n-sentences, "
+                        "--holdout, --refine-sentences and --batch-size then count documents, "
+                        "their defaults scaled to the sentences' tokens (128, 32, 512 and 8 at "
+                        f"L = 512); at most the model's positions {dflt('fit_documents')}")
     p.add_argument("--no-eval", action="store_true", help="skip fidelity and probes")
     p.add_argument("--evaluate", action="store_true",
                    help="measure the finished conversion in --out again with the evaluation "

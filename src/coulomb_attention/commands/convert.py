@@ -79,6 +79,12 @@ def config_from_args(args: argparse.Namespace) -> ConvertConfig:
         raise ValueError("--window-alone needs --window W")
     conv["window_linear"] = not args.window_alone
     distill = DistillConfig(**dist, refine_eta_end=dist["refine_eta"] / 10)
+    if conv["fit_documents"]:  # counts in documents: the sentence defaults scaled to them
+        from ..convert.config import document_budget
+
+        given = tuple(field for flag, field in DISTILL_FLAGS.items()
+                      if getattr(args, flag) is not None)
+        distill = document_budget(distill, conv["max_length"], conv["fit_documents"], given)
     return ConvertConfig(**conv, distill=distill, sentences_file=args.sentences,
                          finish=finish_from_args(args))
 

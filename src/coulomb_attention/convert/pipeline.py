@@ -219,7 +219,8 @@ def _convert(config: ConvertConfig, out, *, data_dir, progress, log, evaluate):
         result["eval_s"] = time.perf_counter() - t0  # with the held-out sentences' time
         if finished is not None:  # its own row, never mixed with the pure-linear one
             result["lowrank"].update(evaluate_encoder(finished, teacher, tok, config, data_dir,
-                                                      documents=False, held=held))
+                                                      documents=False, held=held,
+                                                      teacher_probe=False))  # one is enough
     result["total_s"] = time.perf_counter() - t_start
     art.write_result(result)
     art.clear_state()
