@@ -200,7 +200,9 @@ CASES: list[tuple[list[str], str]] = [
     (["demo", "--seed", "-1"], r"--seed must be >= 0"),
     # report
     (["report", "{tmp}/absent"], r"results directory not found: .*absent"),
-    (["report", "{tmp}/empty_results"], r"no \*/\*/seed\*/metrics\.json under"),
+    (["report", "{tmp}/empty_results"],
+     r"empty_results: expected a train run \(metrics\.json\), .*"
+     r"a suite \(\*/\*/seed\*/metrics\.json\)"),
 ]
 
 DEFECTS = {
