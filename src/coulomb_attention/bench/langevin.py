@@ -175,6 +175,8 @@ def run_benchmark(cfg: LangevinBenchConfig, out: str | Path,
     log("\n" + table)
     log(f"slope of log time in log N at n={n_max}: {slope_N:.2f}")
     record = machine.machine_record(cfg.threads, load_start, machine.load_average())
+    log(machine.machine_line(cfg.threads, load_start, record["load_average_end"],
+                             record["cores"]))
     if record["verdict_withheld"]:
         log(machine.withheld_line(record["verdict_withheld"]))
     meta = {
