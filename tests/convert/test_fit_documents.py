@@ -85,6 +85,9 @@ def test_convert_fit_documents_end_to_end(tiny_dir, tmp_path, capsys):
                .splitlines()]
     assert records and all(r["n_fit"] == 6 and r["n_holdout"] == 3 for r in records)
     assert res["fidelity"]["n"] == 8  # held-out sentences, measured as without documents
+    report = (tmp_path / "docs" / "report.md").read_text()
+    assert "joined into 11 documents of 20 tokens" in report
+    assert "held-out documents of 20 tokens" in report and "on 8 documents of 20 tokens" in report
     capsys.readouterr()
     for argv, msg in [(["--fit-documents", "30"], "30 tokens exceed"),
                       (["--fit-documents", "4"], "fit_documents"),

@@ -62,15 +62,19 @@ def write_convert_report(directory: str | Path) -> Path:
     res = art.read_result()
     records = art.read_records()
     cfg = res["config"]
+    docs = res.get("fit_documents")  # fitted on documents: the sequences are documents
+    unit = f"documents of {docs['length']} tokens" if docs else "sentences"
+    fitted = (f", joined into {docs['n']} documents of {docs['length']} tokens "
+              f"({docs['texts_per_document']:.1f} texts each)" if docs else "")
     lines = [f"# Conversion of `{cfg['encoder']}` to {cfg['feature_map']} "
              f"(M={cfg['n_features']} per head, variant {cfg['variant']}, seed {cfg['seed']})",
-             "", f"{res['n_sentences']} training sentences loaded; conversion (layer-wise "
-             f"distillation + joint refinement) {res['distill_s']:.0f} s, total "
+             "", f"{res['n_sentences']} training sentences loaded{fitted}; conversion "
+             f"(layer-wise distillation + joint refinement) {res['distill_s']:.0f} s, total "
              f"{res['total_s']:.0f} s.", ""]
     if "data" in res:  # result files from before the field: no line
         lines += [data_note(res["data"]) + ".", ""]
     if records:
-        lines += ["## Row KL / output MSE per layer (mean over heads; held-out sentences)", "",
+        lines += [f"## Row KL / output MSE per layer (mean over heads; held-out {unit})", "",
                   "| layer | KL before | KL after | MSE before | MSE after | time s |",
                   "|---:|---:|---:|---:|---:|---:|"]
         for li in sorted({r["layer"] for r in records}):
@@ -91,9 +95,9 @@ def write_convert_report(directory: str | Path) -> Path:
     ref = res.get("refine")
     if ref:
         lines += ["## Joint refinement (all layers' particles, sentence-embedding cosine)", "",
-                  f"{ref['steps']} steps on {ref['n_refine']} sentences, {ref['time_s']:.0f} s: "
+                  f"{ref['steps']} steps on {ref['n_refine']} {unit}, {ref['time_s']:.0f} s: "
                   f"embedding cosine to the teacher {_f(ref['cos_before'])} -> "
-                  f"{_f(ref['cos_after'])} on the {ref['n_fit']} layer-wise fit sentences"
+                  f"{_f(ref['cos_after'])} on the {ref['n_fit']} layer-wise fit {unit}"
                   + (f", {_f(ref['holdout_cos_before'])} -> {_f(ref['holdout_cos_after'])} on "
                      f"the {ref['n_holdout']} held-out ones" if ref.get("n_holdout") else "")
                   + f"; particles moved by {ref['omega_shift']:.3f} (relative).", ""]
