@@ -405,6 +405,29 @@ _MINILM_METRIC_PAIRS = [  # (text, pair, task, metric): docs/results.md, a metri
 for _text, _pair, _task, _metric in _MINILM_METRIC_PAIRS:
     QUOTES += _minilm_pair(R, _text, _pair, _task, _metric)
 
+# docs/convert.md's fit-on-documents table: seed 0 of the hybrid W = 16, fitted on 512-token
+# documents against fitted on sentences (long_inputs/hybrid_w16_s0)
+CV = "docs/convert.md"
+FD = "fit_documents512/hybrid_w16_s0"
+for _dir, _cells in (("fit_documents512/hybrid_w16_s0",
+                      ("0.9861", "0.9528", "0.9749", "0.9641", "0.7867", "0.7486")),
+                     ("hybrid_w16_s0", ("0.9911", "0.9034", "0.9251", "0.9061", "0.7936",
+                                        "0.7542"))):
+    _res = f"convert/long_inputs/{_dir}/result.json"
+    QUOTES += [(CV, text, js(_res, *keys), F4) for text, keys in zip(_cells, (
+        ("fidelity", "cos_mean"), ("documents", "lengths", "256", "cos_mean"),
+        ("documents", "lengths", "512", "cos_mean"), ("documents", "lengths", "512", "cos_p5"),
+        ("probe", "sst2", "accuracy"), ("probe", "rotten_tomatoes", "accuracy")), strict=True)]
+QUOTES += [(CV, "0.975", js(f"convert/long_inputs/{FD}/result.json", "documents", "lengths",
+                             "512", "cos_mean"), F3),
+           (CV, "0.953", js(f"convert/long_inputs/{FD}/result.json", "documents", "lengths",
+                             "256", "cos_mean"), F3),
+           (CV, "0.986", js(f"convert/long_inputs/{FD}/result.json", "fidelity", "cos_mean"), F3),
+           (CV, "0.925", js("convert/long_inputs/hybrid_w16_s0/result.json", "documents",
+                             "lengths", "512", "cos_mean"), F3),
+           (CV, "0.903", js("convert/long_inputs/hybrid_w16_s0/result.json", "documents",
+                             "lengths", "256", "cos_mean"), F3)]
+
 # numbers that are settings, not measurements
 PARAMETERS = {R: {"0.01", "0.1", "95%", "10%", "0.02", "0.005", "-0.5"},  # lambdas and time
               ME: {"3.10"}}  # steps, a CI level, a corruption rate, the Monte-Carlo slope, Python
