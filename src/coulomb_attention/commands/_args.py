@@ -19,11 +19,13 @@ Nothing here imports torch (``--help`` of every command prints without it).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..bench.machine import load_average  # the one reader of the load average
 from ..progress import set_lines
 
 __all__ = ["PROGRESS_MODES", "THREADS_HELP", "add_progress", "add_threads", "apply_threads",
@@ -137,10 +139,8 @@ def free_cores(cpu_count: int | None = None, load: float | None = None) -> tuple
     ``os.cpu_count()``."""
     cores = int(cpu_count or os.cpu_count() or 1)
     if load is None:
-        try:
-            load = float(os.getloadavg()[0])
-        except (AttributeError, OSError):  # not on this system
-            load = 0.0
+        load = load_average()[0]
+        load = load if math.isfinite(load) else 0.0  # not on this system
     return max(1, cores - round(load)), cores, float(load)
 
 
