@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import coulomb_attention
 from coulomb_attention import names
 
@@ -14,9 +16,11 @@ ROOT = Path(coulomb_attention.__file__).parent
 
 
 def test_the_vocabulary_imports_nothing():
+    """Nothing but ``ast`` (the map names are read from the registry's source), and no torch."""
     tree = ast.parse((ROOT / "names.py").read_text())
     imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
-    assert [ast.unparse(n) for n in imports] == ["from __future__ import annotations"]
+    assert [ast.unparse(n) for n in imports] == ["from __future__ import annotations",
+                                                 "import ast"]
     code = "import sys, coulomb_attention.names; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -32,6 +36,29 @@ def test_maps_and_attentions_match_the_registries():
     no_omega = {n for n, a in ATTENTION_FEATURES.items() if a.sampler is None}
     assert set(names.NO_PARTICLES) == no_omega
     assert set(names.RECALL_ATTENTIONS) == set(names.ATTENTIONS) - {"hedgehog"}
+
+
+def test_map_names_are_read_from_the_registry_source(tmp_path, monkeypatch):
+    """A new map is one entry in features/maps.py: the reader finds it (name, and whether it is
+    an attention map) without importing the module, and refuses what it cannot read."""
+    pkg = tmp_path / "pkg"
+    (pkg / "features").mkdir(parents=True)
+    monkeypatch.setattr(names, "__file__", str(pkg / "names.py"))
+    (pkg / "features" / "maps.py").write_text(
+        "import torch\n"
+        "MAPS: dict = {m.name: m for m in (\n"
+        "    FeatureMap('rff', rff, 'gaussian', 'x', core='rff', attention=False),\n"
+        "    FeatureMap('favor', positive, 'orthogonal', 'y'),\n"
+        "    FeatureMap('cosformer', cos_features, 'orthogonal', 'z', attention=True),\n"
+        ")}\n")
+    assert names._registry_names("features/maps.py", "MAPS", "FeatureMap") == (
+        ("rff", False), ("favor", True), ("cosformer", True))
+    with pytest.raises(RuntimeError, match="assigns no REGISTRY"):
+        names._registry_names("features/maps.py", "REGISTRY", "FeatureMap")
+    (pkg / "features" / "maps.py").write_text(
+        "NAME = 'x'\nMAPS = {m.name: m for m in (FeatureMap(NAME, None, None, 'd'),)}\n")
+    with pytest.raises(RuntimeError, match="line 2.*no string literal"):
+        names._registry_names("features/maps.py", "MAPS", "FeatureMap")
 
 
 def test_methods_and_variants_match_the_registries():
@@ -60,11 +87,23 @@ def _module_tuple(path: Path, name: str) -> tuple:
 
 
 def test_the_export_copy_agrees():
-    """The remote code runs without this package: its list is the one allowed copy."""
+    """The remote code runs without this package: its list is the one allowed copy. It names
+    only maps of the registry, each with its branch in the remote model; the export offers
+    exactly those (a new registry map is refused by name until the remote code has it), and
+    every map the export offered before the registry was read stays exportable."""
     from coulomb_attention.export import EXPORTABLE_MAPS
+    from coulomb_attention.export.hf import remote_names
 
     copy = _module_tuple(ROOT / "export" / "configuration_coulomb_bert.py", "FEATURE_MAPS")
-    assert copy == names.ATTENTION_MAPS == EXPORTABLE_MAPS
+    assert remote_names("configuration_coulomb_bert.py", "FEATURE_MAPS") == copy
+    assert set(copy) <= set(names.ATTENTION_MAPS)
+    assert EXPORTABLE_MAPS == tuple(m for m in names.ATTENTION_MAPS if m in copy)
+    assert {"favor", "porf_softplus", "softmax_feat", "hedgehog", "elu"} <= set(EXPORTABLE_MAPS)
+    modeling = (ROOT / "export" / "modeling_coulomb_bert.py").read_text()
+    for m in copy:
+        assert f'feature_map == "{m}"' in modeling, m
+    with pytest.raises(RuntimeError, match="assigns no NOPE"):
+        remote_names("configuration_coulomb_bert.py", "NOPE")
 
 
 def _copies(name: str, *places: str) -> list[tuple]:

@@ -1,6 +1,7 @@
 """The package's one vocabulary of names: feature maps, attentions, variants, methods and
-objectives, as plain string tuples (no torch, no imports), so that commands print ``--help``
-without the library and studies, reports and the export read one list instead of a copy.
+objectives, as plain string tuples (no torch: nothing but the standard library's ``ast``), so
+that commands print ``--help`` without the library and studies, reports and the export read one
+list instead of a copy.
 
 The registries that give the names their meaning stay where the behaviour is
 (:data:`coulomb_attention.features.MAPS`, :data:`coulomb_attention.nn.attention.ATTENTION_FEATURES`,
@@ -9,11 +10,14 @@ every tuple here agrees with its registry, and ``tests/test_architecture.py`` fa
 of these names written anywhere else. The only other copy is the Hugging Face remote code
 (``export/configuration_coulomb_bert.py``), which must run without this package.
 
-A new feature map: its entry in :data:`coulomb_attention.features.MAPS` (with its name in
-:data:`MAP_NAMES` here), its kernel if it has one, its test.
+A new feature map: its entry in :data:`coulomb_attention.features.MAPS`, its kernel if it has
+one, its test. :data:`MAP_NAMES` is read from that registry's source (:func:`_registry_names`),
+so the name is written once, in the entry, and this module still imports no torch.
 """
 
 from __future__ import annotations
+
+import ast
 
 __all__ = [
     "ABLATION_VARIANTS",
@@ -36,10 +40,43 @@ __all__ = [
 ]
 
 # ------------------------------------------------------------------------------ feature maps
-#: every feature map, in the order of :data:`coulomb_attention.features.MAPS`
-MAP_NAMES: tuple[str, ...] = ("rff", "favor", "porf_softplus", "softmax_feat", "hedgehog", "elu")
+
+
+def _registry_names(module: str, registry: str, entry: str) -> tuple[tuple[str, bool], ...]:
+    """``(name, attention)`` of every ``entry("name", ...)`` call in the value assigned to
+    ``registry`` in the package module ``module`` (a path relative to this package), read from
+    its source, not imported (the registry's module needs torch). ``attention`` is False only
+    where the call passes ``attention=False`` literally. An entry this cannot read (a name that
+    is not a string literal) is an error here, at import, not a silently missing name."""
+    path = __file__[:-len("names.py")] + module
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == registry:
+            break
+    else:
+        raise RuntimeError(f"{module} assigns no {registry}: the vocabulary cannot read it")
+    found = []
+    for call in ast.walk(node.value):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) \
+                and call.func.id == entry:
+            first = call.args[0] if call.args else None
+            if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                raise RuntimeError(f"{module}: an {entry}(...) in {registry} (line "
+                                   f"{call.lineno}) has no string literal as its name")
+            attention = next((k.value for k in call.keywords if k.arg == "attention"), None)
+            found.append((first.value, not (isinstance(attention, ast.Constant)
+                                            and attention.value is False)))
+    return tuple(found)
+
+
+_MAPS = _registry_names("features/maps.py", "MAPS", "FeatureMap")
+#: every feature map, in the order of :data:`coulomb_attention.features.MAPS` (read from it)
+MAP_NAMES: tuple[str, ...] = tuple(name for name, _ in _MAPS)
 #: the maps an attention layer takes (all but the classifier-only ``rff``); the exportable ones
-ATTENTION_MAPS: tuple[str, ...] = tuple(m for m in MAP_NAMES if m != "rff")
+ATTENTION_MAPS: tuple[str, ...] = tuple(name for name, attention in _MAPS if attention)
 #: :data:`coulomb_attention.nn.attention.ATTENTION_FEATURES`: the maps, exact softmax and the
 #: no-mixing control
 ATTENTIONS: tuple[str, ...] = (*ATTENTION_MAPS, "softmax", "none")

@@ -186,10 +186,16 @@ def test_remote_code_imports_only_torch_and_transformers():
 
 def test_the_remote_codes_attention_names_copy_the_vocabulary():
     from coulomb_attention.export import configuration_coulomb_llama as remote
+    from coulomb_attention.export.llama_hf import EXPORTABLE
     from coulomb_attention.names import ATTENTIONS, NO_PARTICLES
 
-    assert set(remote.FEATURE_MAPS) == set(ATTENTIONS) - {"none"}
-    assert set(remote.PARTICLE_MAPS) == set(ATTENTIONS) - set(NO_PARTICLES)
+    # the remote code names only attentions of the vocabulary; the export offers exactly those
+    # (a new registry map is refused by name until the remote code computes it)
+    assert set(remote.FEATURE_MAPS) <= set(ATTENTIONS) - {"none"}
+    assert EXPORTABLE == tuple(a for a in ATTENTIONS if a in remote.FEATURE_MAPS)
+    assert {"favor", "porf_softplus", "softmax_feat", "hedgehog", "elu", "softmax"} <= set(
+        EXPORTABLE)
+    assert set(remote.PARTICLE_MAPS) == set(remote.FEATURE_MAPS) - set(NO_PARTICLES)
 
 
 def test_tied_embeddings_and_softmax_feat_export(tmp_path):

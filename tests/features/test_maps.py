@@ -142,7 +142,8 @@ def test_one_registry_names_every_map_once():
             assert ATTENTION_FEATURES[m.name] is m
     assert not MAPS["rff"].attention and "rff" not in ATTENTION_FEATURES
     assert set(ATTENTION_FEATURES) - set(MAPS) == {"softmax", "none"}
-    assert set(EXPORTABLE_MAPS) == {n for n, m in MAPS.items() if m.attention}
+    # the export offers the attention maps its remote code implements (tests/test_names.py)
+    assert set(EXPORTABLE_MAPS) <= {n for n, m in MAPS.items() if m.attention}
     with pytest.raises(ValueError, match="hedgehog"):
         get_map("hedgehogg")
 

@@ -40,13 +40,33 @@ __all__ = [
     "ROWS",
     "export_hf_directory",
     "model_card",
+    "remote_names",
     "row_of",
 ]
 
-#: Feature maps the remote code implements: every attention map of the registry
-#: (:data:`coulomb_attention.features.MAPS`); exact ``softmax`` (the original model, export that
+
+def remote_names(filename: str, name: str) -> tuple[str, ...]:
+    """The tuple of strings the remote-code file ``filename`` (in this folder) assigns to
+    ``name``, read from its source: the remote code runs without this package, so its list of
+    the maps it implements is a copy, and this reads that copy instead of writing a third."""
+    import ast
+
+    path = Path(__file__).with_name(filename)
+    for node in ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise RuntimeError(f"{filename} assigns no {name}")
+
+
+#: Feature maps the remote code implements, in the registry's order
+#: (:data:`coulomb_attention.features.MAPS`): today every attention map. A new map of the
+#: registry is exportable once the remote code implements it (its function in
+#: ``modeling_coulomb_bert.py``, its name in ``configuration_coulomb_bert.FEATURE_MAPS``); until
+#: then the export refuses it by name. Exact ``softmax`` (the original model, export that
 #: instead) and ``none`` (a control) are refused.
-EXPORTABLE_MAPS = ATTENTION_MAPS
+EXPORTABLE_MAPS = tuple(m for m in ATTENTION_MAPS
+                        if m in remote_names("configuration_coulomb_bert.py", "FEATURE_MAPS"))
 #: Remote-code files copied into every export (from this package's folder).
 REMOTE_CODE = ("configuration_coulomb_bert.py", "modeling_coulomb_bert.py")
 _AUTO_MAP = {"AutoConfig": "configuration_coulomb_bert.CoulombBertConfig",

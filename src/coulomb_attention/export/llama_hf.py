@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from ..names import ATTENTIONS
+from .hf import remote_names
 
 __all__ = ["EXPORTABLE", "LLAMA_REMOTE_CODE", "export_llama", "llama_hf_config", "llama_model_card"]
 
@@ -41,8 +42,11 @@ LLAMA_REMOTE_CODE = ("configuration_coulomb_llama.py", "modeling_coulomb_llama.p
 _AUTO_MAP = {"AutoConfig": "configuration_coulomb_llama.CoulombLlamaConfig",
              "AutoModel": "modeling_coulomb_llama.CoulombLlamaModel",
              "AutoModelForCausalLM": "modeling_coulomb_llama.CoulombLlamaForCausalLM"}
-#: Attention kinds the remote code computes (``none``, the no-mixing control, is refused).
-EXPORTABLE = tuple(a for a in ATTENTIONS if a != "none")
+#: Attention kinds the remote code computes, in the vocabulary's order (read from its copy,
+#: :func:`~coulomb_attention.export.hf.remote_names`: a new map is refused by name until the
+#: remote code implements it; ``none``, the no-mixing control, is refused).
+EXPORTABLE = tuple(a for a in ATTENTIONS if a != "none"
+                   and a in remote_names("configuration_coulomb_llama.py", "FEATURE_MAPS"))
 _CHUNK = 128  # the causal ops' default block (nn.ops.causal, nn.ops.streaming)
 
 
