@@ -3,8 +3,10 @@
 A family module holds its config, its model, ``from_pretrained`` with the key map, its
 tokenizer, and the attention sites the conversion reads (nanoGPT's ``model.py``); the
 conversion, evaluation and export reach a family only through this package, so a new family is
-one module and its tests. :data:`FAMILIES` names each family's module; :func:`get_family`
-imports it (lazily: a family's optional dependencies load only when it is used).
+one module and its tests. :data:`FAMILIES` names each family's module: every public module of
+this package is one, found on its path (so a new family registers by existing, and no list is
+edited); :func:`get_family` imports it (lazily: a family's optional dependencies load only when
+it is used).
 
 The family interface
 --------------------
@@ -30,6 +32,7 @@ A family module defines, at module level (:class:`Family` states it as a Protoco
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -37,11 +40,17 @@ from ..._validation import check_choice
 
 __all__ = ["FAMILIES", "Family", "get_family"]
 
-#: Family name -> its module under this package.
-FAMILIES: dict[str, str] = {
-    "bert": "bert",
-    "llama": "llama",
-}
+
+def _modules(path: list[str]) -> dict[str, str]:
+    """``{name: name}`` of the public modules (not ``_private``, not packages) on ``path``,
+    sorted, found without importing them."""
+    return {m.name: m.name for m in sorted(pkgutil.iter_modules(path), key=lambda m: m.name)
+            if not m.name.startswith("_") and not m.ispkg}
+
+
+#: Family name -> its module under this package: every public module here, its ``NAME`` that
+#: name (tests/nn/families/test_families.py checks each against :class:`Family`).
+FAMILIES: dict[str, str] = _modules(__path__)
 
 
 class Family(Protocol):
