@@ -418,28 +418,42 @@ _MINILM_METRIC_PAIRS += [  # QQP's softmax features (the paper's QQP claim): doc
 for _text, _pair, _task, _metric in _MINILM_METRIC_PAIRS:
     QUOTES += _minilm_pair(R, _text, _pair, _task, _metric)
 
-# docs/convert.md's fit-on-documents table: seed 0 of the hybrid W = 16, fitted on 512-token
-# documents against fitted on sentences (long_inputs/hybrid_w16_s0)
+# docs/convert.md's fit-on-documents tables: the rows fitted on 512-token documents against the
+# same seeds fitted on sentences (long_inputs/fit_documents512/rows.summary.json)
 CV = "docs/convert.md"
-FD = "fit_documents512/hybrid_w16_s0"
-for _dir, _cells in (("fit_documents512/hybrid_w16_s0",
-                      ("0.9861", "0.9528", "0.9749", "0.9641", "0.7867", "0.7486")),
-                     ("hybrid_w16_s0", ("0.9911", "0.9034", "0.9251", "0.9061", "0.7936",
-                                        "0.7542"))):
-    _res = f"convert/long_inputs/{_dir}/result.json"
-    QUOTES += [(CV, text, js(_res, *keys), F4) for text, keys in zip(_cells, (
-        ("fidelity", "cos_mean"), ("documents", "lengths", "256", "cos_mean"),
-        ("documents", "lengths", "512", "cos_mean"), ("documents", "lengths", "512", "cos_p5"),
-        ("probe", "sst2", "accuracy"), ("probe", "rotten_tomatoes", "accuracy")), strict=True)]
-QUOTES += [(CV, "0.975", js(f"convert/long_inputs/{FD}/result.json", "documents", "lengths",
-                             "512", "cos_mean"), F3),
-           (CV, "0.953", js(f"convert/long_inputs/{FD}/result.json", "documents", "lengths",
-                             "256", "cos_mean"), F3),
-           (CV, "0.986", js(f"convert/long_inputs/{FD}/result.json", "fidelity", "cos_mean"), F3),
-           (CV, "0.925", js("convert/long_inputs/hybrid_w16_s0/result.json", "documents",
-                             "lengths", "512", "cos_mean"), F3),
-           (CV, "0.903", js("convert/long_inputs/hybrid_w16_s0/result.json", "documents",
-                             "lengths", "256", "cos_mean"), F3)]
+FD_ROWS = "convert/long_inputs/fit_documents512/rows.summary.json"
+_FD_CELLS = {
+    'hybrid W=16, fitted on documents': ('0.9872', '0.9528', '0.9728', '0.9573'),
+    'hybrid W=16, fitted on sentences': ('0.9920', '0.9078', '0.9195', '0.8944'),
+    'pure linear, fitted on documents': ('0.8990', '0.8615', '0.9228', '0.8914'),
+    'pure linear, fitted on sentences': ('0.9721', '0.7210', '0.7277', '0.6710'),
+}
+for _label, _cells in _FD_CELLS.items():
+    QUOTES += [(CV, text, js(FD_ROWS, "rows", _label, "metrics", metric, "mean"), F4)
+               for text, metric in zip(_cells, ("sentences cos", "256-token docs cos",
+                                                "512-token docs cos", "512-token docs cos p5"),
+                                       strict=True)]
+for _row, _metric, _text in (
+        ('hybrid W=16', 'sentences cos', "-0.0048 [-0.0057, -0.0038]"),
+        ('hybrid W=16', '256-token docs cos', "+0.0450 [+0.0393, +0.0507]"),
+        ('hybrid W=16', '512-token docs cos', "+0.0533 [+0.0492, +0.0574]"),
+        ('pure linear', 'sentences cos', "-0.0731 [-0.0772, -0.0691]"),
+        ('pure linear', '256-token docs cos', "+0.1405 [+0.1099, +0.1712]"),
+        ('pure linear', '512-token docs cos', "+0.1951 [+0.1627, +0.2275]"),
+):
+    QUOTES += _rows_pair(CV, _text, f"{_row}, fitted on documents",
+                         f"{_row}, fitted on sentences", _metric, summary=FD_ROWS)
+
+for _doc, _row, _metric in ((ME, "hybrid W=16", "512-token docs cos"),
+                             (ME, "pure linear", "512-token docs cos"),
+                             (R, "hybrid W=16", "512-token docs cos"),
+                             (R, "pure linear", "512-token docs cos"),
+                             (R, "hybrid W=16", "sentences cos"),
+                             (R, "pure linear", "sentences cos")):
+    _label = f"{_row}, fitted on documents"
+    QUOTES.append((_doc, _FD_CELLS[_label][("sentences cos", "256-token docs cos",
+                                           "512-token docs cos").index(_metric)],
+                   js(FD_ROWS, "rows", _label, "metrics", _metric, "mean"), F4))
 
 # numbers that are settings, not measurements
 PARAMETERS = {R: {"0.01", "0.1", "95%", "10%", "0.02", "0.005", "-0.5"},  # lambdas and time
