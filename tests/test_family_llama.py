@@ -17,6 +17,7 @@ from coulomb_attention.nn.families import get_family
 from coulomb_attention.nn.families.llama import (
     LlamaConfig,
     LlamaForCausalLM,
+    RotaryEmbedding,
     _permute_rotary,
     _unpermute_rotary,
     from_pretrained,
@@ -476,3 +477,29 @@ def test_family_interface_rows_and_fidelity():
         lp = fam.fidelity_output(model, ids)
     assert lp.shape == (2, 7, 50)
     torch.testing.assert_close(lp.exp().sum(-1), torch.ones(2, 7))
+
+
+def test_rotary_table_equals_the_angles_it_caches():
+    """The rotary cos/sin come from a table shared by the layers and grown by doubling; any
+    slice of it equals the angles computed at those positions alone, also past the first
+    table's end, and a negative position is refused."""
+    rot = RotaryEmbedding(16, 10000.0)
+    other = RotaryEmbedding(16, 10000.0)
+
+    def direct(start, n):
+        pos = torch.arange(start, start + n).float()
+        i = torch.arange(0, 16, 2).float()
+        f = pos[:, None] * (1.0 / 10000.0 ** (i / 16))[None, :]
+        emb = torch.cat((f, f), -1)
+        return emb.cos(), emb.sin()
+
+    for start, n in [(0, 7), (250, 10), (1000, 3), (5, 1), (4095, 2)]:
+        cos, sin = rot(start, n)
+        dc, ds = direct(start, n)
+        assert cos.shape == (n, 16)
+        # the same angles; cos/sin of a long and a short tensor may differ in the last ulp
+        assert torch.allclose(cos, dc, rtol=0, atol=1e-6)
+        assert torch.allclose(sin, ds, rtol=0, atol=1e-6)
+    assert other(4000, 1)[0].data_ptr() == rot(4000, 1)[0].data_ptr()  # one shared table
+    with pytest.raises(ValueError, match="start >= 0"):
+        rot(-1, 2)

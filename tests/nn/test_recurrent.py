@@ -268,3 +268,38 @@ def _steps_from(layer, x, start, state):
         out, state = layer.step(x[:, t:t + 1], state)
         outs.append(out)
     return torch.cat(outs, 1), state
+
+
+@pytest.mark.parametrize("favor", [True, False])
+def test_one_position_scan_equals_the_block_scan(favor):
+    """The decoding step's scan (:func:`_scan_one`, taken without a graph) equals the block
+    scan at L = 1 (taken when an input needs a gradient), also for a padded key and the
+    ``-inf`` running max of a state that has seen no key yet (FAVOR+)."""
+    from coulomb_attention.nn.ops.causal import _scan
+
+    g = _gen(11)
+    B, hk, G, M, e = 2, 3, 2, 8, 5
+    pq = torch.randn(B, hk, G, 1, M, generator=g, dtype=torch.float64)
+    pk = torch.randn(B, hk, 1, 1, M, generator=g, dtype=torch.float64)
+    v1 = torch.randn(B, hk, 1, 1, e + 1, generator=g, dtype=torch.float64)
+    v1[..., -1] = 1.0  # [v, 1]
+    kv = torch.randn(B, hk, 1, M, e + 1, generator=g, dtype=torch.float64).abs()
+    c = None
+    if favor:
+        c = torch.randn(B, hk, 1, 1, M, generator=g, dtype=torch.float64)
+        c[0] = -math.inf  # batch row 0: no key seen yet
+        kv[0] = 0.0
+        pk[1, 0] = -math.inf  # a padded key in batch row 1, head 0
+        v1[1, 0] = 0.0
+    else:
+        pq, pk = pq.exp(), pk.exp()
+    fast = _scan(pq, pk, v1, 128, kv, c)
+    slow = _scan(pq.clone().requires_grad_(), pk, v1, 128, kv, c)
+    for a, b in zip(fast, slow, strict=True):
+        if a is None:
+            assert b is None
+            continue
+        assert torch.equal(torch.isfinite(a), torch.isfinite(b))
+        fin = torch.isfinite(a)
+        assert torch.allclose(a[fin], b.detach()[fin], rtol=1e-12, atol=1e-12)
+    assert torch.isfinite(fast[0]).all() and (fast[0][..., -1] >= 0).all()

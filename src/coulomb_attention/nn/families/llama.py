@@ -270,13 +270,29 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class RotaryEmbedding(nn.Module):
     """Rotary angles ``pos * inv_freq`` with ``inv_freq[i] = theta ** (-2 i / dh)``.
 
-    Computed in float32 on every call (dh / 2 numbers), so casting the model to bf16 never
-    rounds the frequencies.
+    Computed in float32 (casting the model to bf16 never rounds the frequencies) into a table
+    of positions ``0 .. n - 1`` shared by every layer of the same ``head_dim``, ``theta`` and
+    device, doubled when a call reaches past it: a decoding step slices two rows instead of
+    recomputing them (the same angles either way).
     """
+
+    #: (head_dim, theta, device) -> (cos, sin), each (n, dh) float32.
+    _tables: dict = {}
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
         self.head_dim, self.theta = head_dim, theta
+
+    def _table(self, end: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (self.head_dim, self.theta, str(torch.device(device or "cpu")))
+        tab = self._tables.get(key)
+        if tab is None or tab[0].shape[0] < end:
+            n = max(256, 1 << (end - 1).bit_length())
+            pos = torch.arange(0, n, device=device).float()  # (n,)
+            freqs = pos[:, None] * self.inv_freq(device)[None, :]  # (n, dh/2)
+            emb = torch.cat((freqs, freqs), dim=-1)  # (n, dh)
+            tab = self._tables[key] = (emb.cos(), emb.sin())
+        return tab
 
     def inv_freq(self, device: torch.device | None = None) -> torch.Tensor:
         """(dh/2,) float32 inverse frequencies."""
@@ -286,10 +302,11 @@ class RotaryEmbedding(nn.Module):
     def forward(self, start: int, length: int, device: torch.device | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos``, ``sin`` (T, dh) in float32 at positions ``start .. start + length - 1``."""
-        pos = torch.arange(start, start + length, device=device).float()  # (T,)
-        freqs = pos[:, None] * self.inv_freq(device)[None, :]  # (T, dh/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (T, dh)
-        return emb.cos(), emb.sin()
+        if start < 0 or length < 0:
+            raise ValueError(f"rotary positions need start >= 0 and length >= 0, got "
+                             f"{start} and {length}")
+        cos, sin = self._table(start + length, device)
+        return cos[start:start + length], sin[start:start + length]
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, theta={self.theta}"

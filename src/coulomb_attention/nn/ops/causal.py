@@ -137,6 +137,8 @@ def _scan(pq, pk, v1, chunk, kv, c=None):
     else ``None``: units 1); and the final ``kv`` and ``c``.
     """
     L = pq.shape[-2]
+    if L == 1 and not (pq.requires_grad or pk.requires_grad or v1.requires_grad):
+        return _scan_one(pq, pk, v1, kv, c)
     outs, logs = [], []
     for t0, t1 in _chunks(L, chunk):
         fq, fk = pq[..., t0:t1, :], pk[..., t0:t1, :]
@@ -158,6 +160,24 @@ def _scan(pq, pk, v1, chunk, kv, c=None):
         kv = kv + fk.transpose(-1, -2) @ v1[..., t0:t1, :]
     log_row = torch.cat(logs, dim=-2) if logs else None
     return torch.cat(outs, dim=-2), log_row, kv, c
+
+
+def _scan_one(pq, pk, v1, kv, c):
+    """:func:`_scan` at one position (a decoding step), in the fewest ops: the key enters the
+    state first and the query reads the new state (``s <= t``). FAVOR+: the running max takes
+    the key's logits, and the prefix max up to the row is ``c_new`` itself, so the row shift
+    is :func:`_exp_rows` with ``rel = c_new - _safe(c_new)``. Same arguments and results as
+    :func:`_scan` (inference only: no graph is kept through ``detach``)."""
+    log_row = None
+    if c is not None:
+        c_new = torch.maximum(c, pk)  # (B, Hk, 1, 1, M)
+        safe = _safe(c_new)
+        kv = kv * torch.exp(c - safe).transpose(-1, -2)
+        pk = torch.exp(pk - safe)
+        pq, log_row = _exp_rows(pq + c_new, c_new - safe)
+        c = c_new
+    kv = kv + pk.transpose(-1, -2) @ v1  # (B, Hk, 1, M, e + 1)
+    return pq @ kv, log_row, kv, c
 
 
 def _normalise(n: torch.Tensor) -> torch.Tensor:

@@ -101,10 +101,11 @@ def _linear_branch(q, k, v, linear, state, chunk):
 
 
 def _combine(logits, allowed, vals, n_lin, log_lin, gamma, linear_on):
-    """``out`` from the exact logits (B, Hk, G, L, K) over ``allowed`` keys with values
-    ``vals`` (B, Hk, 1, K, e) and the linear branch's ``n_lin`` in units ``exp(-log_lin)``:
+    """``out`` from the exact logits (B, Hk, G, L, K) over ``allowed`` keys (``None``: all)
+    with values ``vals`` (B, Hk, 1, K, e) and the linear branch's ``n_lin`` in units ``exp(-log_lin)``:
     one row shift ``r`` for both, so neither overflows. Returns (B, Hk, G, L, e)."""
-    logits = logits.masked_fill(~allowed, -math.inf)
+    if allowed is not None:  # None: every key (a decoding step)
+        logits = logits.masked_fill(~allowed, -math.inf)
     m = logits.amax(-1, keepdim=True)  # finite: key t itself is always exact
     r = m
     if linear_on:
@@ -224,37 +225,38 @@ def _continue(q, k, v, gamma, window, sinks, linear, chunk, state, linear_on):
 
 
 def _step(q, k, v, gamma, window, sinks, linear, state, linear_on):
-    """One position (``L = 1``) after ``state``: ``(out, new_state)``."""
+    """One position (``L = 1``) after ``state``: ``(out, new_state)``. The key at ``t - W``
+    (read from the ring before ``t`` takes its slot) enters the linear state; the exact set is
+    the sinks and the ring. The ring is copied, not written in place, so ``state`` stays valid
+    (beam search, a prompt tried twice)."""
     B, H, _, _ = q.shape
     hk = k.shape[1]
     G = H // hk
     t = state.seen
-    ring_k, ring_v = state.ring_k.clone(), state.ring_v.clone()
-    lstate = state.linear
+    lstate, n_lin, log_lin = state.linear, None, None
     if t >= sinks:
         slot = (t - sinks) % window
         if linear_on:  # the key at t - W leaves the window (into the linear state) ...
-            real = t - window >= sinks
-            mask = torch.full((B, 1), real, dtype=torch.bool, device=q.device)
+            real = torch.full((B, 1), t - window >= sinks, dtype=torch.bool, device=q.device)
             n_lin, log_lin, lstate = _linear_branch(
-                q, (ring_k[:, :, slot:slot + 1], mask), ring_v[:, :, slot:slot + 1], linear,
-                lstate, 1)
-        ring_k[:, :, slot], ring_v[:, :, slot] = k[:, :, 0], v[:, :, 0]  # ... and t enters
+                q, (state.ring_k[:, :, slot:slot + 1], real), state.ring_v[:, :, slot:slot + 1],
+                linear, lstate, 1)
+        ring_k, ring_v = state.ring_k.clone(), state.ring_v.clone()
+        ring_k[:, :, slot:slot + 1] = k  # ... and t enters
+        ring_v[:, :, slot:slot + 1] = v
         sink_k, sink_v = state.sink_k, state.sink_v
+        full = t - sinks + 1 >= window
+        kb = torch.cat([sink_k, ring_k if full else ring_k[:, :, :t - sinks + 1]], 2)
+        vb = torch.cat([sink_v, ring_v if full else ring_v[:, :, :t - sinks + 1]], 2)
     else:
         if linear_on:  # no key leaves: the linear term is the state's
             none = torch.zeros(B, 1, dtype=torch.bool, device=q.device)
-            n_lin, log_lin, lstate = _linear_branch(
-                q, (k, none), v, linear, lstate, 1)
-        sink_k = torch.cat([state.sink_k, k], 2)
-        sink_v = torch.cat([state.sink_v, v], 2)
-    n_ring = min(window, max(t - sinks + 1, 0))
-    kb = torch.cat([sink_k, ring_k[:, :, :n_ring]], 2)
-    vb = torch.cat([sink_v, ring_v[:, :, :n_ring]], 2)
+            n_lin, log_lin, lstate = _linear_branch(q, (k, none), v, linear, lstate, 1)
+        ring_k, ring_v = state.ring_k, state.ring_v  # untouched until the sinks are full
+        kb = sink_k = torch.cat([state.sink_k, k], 2)
+        vb = sink_v = torch.cat([state.sink_v, v], 2)
     logits = q.view(B, hk, G, 1, -1) @ kb.unsqueeze(2).transpose(-1, -2)  # (B, Hk, G, 1, K)
-    allowed = torch.ones_like(logits, dtype=torch.bool)
-    out = _combine(logits, allowed, vb.unsqueeze(2), n_lin if linear_on else None,
-                   log_lin if linear_on else None, gamma, linear_on)
+    out = _combine(logits, None, vb.unsqueeze(2), n_lin, log_lin, gamma, linear_on)
     return _ungroup(out), HybridState(lstate, sink_k, sink_v, ring_k, ring_v, t + 1)
 
 
