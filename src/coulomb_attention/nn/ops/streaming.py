@@ -102,8 +102,9 @@ def _linear_branch(q, k, v, linear, state, chunk):
 
 def _combine(logits, allowed, vals, n_lin, log_lin, gamma, linear_on):
     """``out`` from the exact logits (B, Hk, G, L, K) over ``allowed`` keys (``None``: all)
-    with values ``vals`` (B, Hk, 1, K, e) and the linear branch's ``n_lin`` in units ``exp(-log_lin)``:
-    one row shift ``r`` for both, so neither overflows. Returns (B, Hk, G, L, e)."""
+    with values ``vals`` (B, Hk, 1, K, e) and the linear branch's ``n_lin`` in units
+    ``exp(-log_lin)``: one row shift ``r`` for both, so neither overflows. Returns
+    (B, Hk, G, L, e)."""
     if allowed is not None:  # None: every key (a decoding step)
         logits = logits.masked_fill(~allowed, -math.inf)
     m = logits.amax(-1, keepdim=True)  # finite: key t itself is always exact
