@@ -165,3 +165,26 @@ def test_hedgehog_entry_ties_a_fresh_draw_like_the_switch():
     assert torch.allclose(phi[:, 4:].sum(-1), torch.ones(3, dtype=phi.dtype))
     with pytest.raises(ValueError, match="even"):
         KernelAttention(16, 2, "hedgehog", n_features=7)
+
+
+def test_batched_maps_equal_one_call_per_particle_set():
+    """A map marked ``batched`` takes ``omega`` (G, M, d) with rows (..., G, R, d) and gives
+    set g's features of rows g, as G separate calls do; the attention layer's one call
+    equals the vmapped map over its query heads (head h reads set h // (H / G))."""
+    from coulomb_attention.nn import KernelAttention
+
+    batched = [m for m in F.MAPS.values() if m.batched]
+    assert [m.name for m in batched] == ["hedgehog"]
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64)
+    om = torch.randn(3, 6, 8, generator=g, dtype=torch.float64)
+    for m in batched:
+        one = m.phi(u, om)
+        assert one.shape == (2, 3, 5, 6)
+        for i in range(3):
+            assert torch.allclose(one[:, i], m.phi(u[:, i], om[i]), rtol=0, atol=1e-14)
+    att = KernelAttention(48, 6, "hedgehog", 6, share_features=False, causal=True, kv_heads=3,
+                          generator=0).double()
+    q = torch.randn(2, 6, 4, 8, generator=g, dtype=torch.float64)
+    looped = torch.vmap(att.feature, in_dims=(1, 0), out_dims=1)(q, att._omega_for(6))
+    assert torch.allclose(att._phi(q), looped, rtol=0, atol=1e-14)

@@ -146,15 +146,18 @@ def feature_fn(name: str, bias: torch.Tensor | None = None) -> Callable:
 def hedgehog_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
     """Hedgehog feature map (Zhang et al. 2024; the conversion and recall baseline)
     ``[softmax(u A^T), softmax(u B^T)]`` with ``omega = [A; B]`` (M, d), ``M`` even (the
-    baseline ties ``B = -A``). ``u (..., d) -> (..., M)``, float32 or float64."""
-    if omega.shape[0] % 2:
+    baseline ties ``B = -A``). ``u (..., d) -> (..., M)``, float32 or float64.
+
+    Batched over particle sets: ``omega`` (G, M, d) with ``u`` (..., G, R, d) gives
+    (..., G, R, M), set ``g`` for the rows ``u[..., g, :, :]`` (one matmul for every set)."""
+    if omega.shape[-2] % 2:
         raise ValueError(f"the hedgehog map needs an even number of features, got "
-                         f"{omega.shape[0]}")
+                         f"{omega.shape[-2]}")
     dtype = torch.float64 if torch.float64 in (u.dtype, omega.dtype) else torch.float32
     u, omega = u.to(dtype), omega.to(dtype)
-    half = omega.shape[0] // 2
-    return torch.cat([torch.softmax(u @ omega[:half].T, -1),
-                      torch.softmax(u @ omega[half:].T, -1)], -1)
+    half = omega.shape[-2] // 2
+    return torch.cat([torch.softmax(u @ omega[..., :half, :].transpose(-1, -2), -1),
+                      torch.softmax(u @ omega[..., half:, :].transpose(-1, -2), -1)], -1)
 
 
 def elu_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
@@ -186,6 +189,9 @@ class FeatureMap:
         Needs an even number of particles (Hedgehog's two halves).
     tied : bool
         A fresh draw ties the second half to the first, ``omega = [W; -W]`` (Hedgehog).
+    batched : bool
+        ``phi`` also takes ``omega`` (G, M, d) with ``u`` (..., G, R, d), one particle set per
+        group of rows, in one call (the attention layers then skip ``vmap``).
     """
 
     name: str
@@ -196,6 +202,7 @@ class FeatureMap:
     attention: bool = True
     even: bool = False
     tied: bool = False
+    batched: bool = False
 
     @property
     def has_features(self) -> bool:
@@ -216,7 +223,7 @@ MAPS: dict[str, FeatureMap] = {m.name: m for m in (
                core="softmax"),
     FeatureMap("hedgehog", hedgehog_features, "orthogonal",
                "Hedgehog's map [softmax(A x), softmax(B x)] (Zhang et al. 2024); a fresh draw "
-               "ties B = -A", even=True, tied=True),
+               "ties B = -A", even=True, tied=True, batched=True),
     FeatureMap("elu", elu_features, None, "elu(x) + 1, no random features"),
 )}
 

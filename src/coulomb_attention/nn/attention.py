@@ -487,6 +487,10 @@ class KernelAttention(nn.Module):
         om = self.omega
         if om.shape[0] == 1 or not self.has_features:  # elu: no particles
             phi = self.feature(u, om[0])
+        elif self.spec.batched:  # one call: query head h reads particle set h // (H / G)
+            B, H, L, d = u.shape
+            g = om.shape[0]
+            phi = self.feature(u.reshape(B, g, (H // g) * L, d), om).reshape(B, H, L, -1)
         else:  # one omega per head: the map vectorised over the head dimension (no loop)
             phi = torch.vmap(self.feature, in_dims=(1, 0), out_dims=1)(u, self._omega_for(
                 u.shape[1]))
