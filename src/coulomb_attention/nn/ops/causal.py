@@ -167,7 +167,8 @@ def _scan_one(pq, pk, v1, kv, c):
     state first and the query reads the new state (``s <= t``). FAVOR+: the running max takes
     the key's logits, and the prefix max up to the row is ``c_new`` itself, so the row shift
     is :func:`_exp_rows` with ``rel = c_new - _safe(c_new)``. Same arguments and results as
-    :func:`_scan` (inference only: no graph is kept through ``detach``)."""
+    :func:`_scan`; taken only when no input needs a gradient (the block scan detaches its
+    shifts for the backward, this one has none)."""
     log_row = None
     if c is not None:
         c_new = torch.maximum(c, pk)  # (B, Hk, 1, 1, M)
