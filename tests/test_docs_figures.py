@@ -240,6 +240,14 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
         ("lowrank/checkpoint - streaming:97:4", "+0.0127 [-0.0188, +0.0442]"))
       for q in _paired(R, LM, text, f"| runs/lm/hybrid_hh_langevin/{pair} |", "| ppl |",
                        cell=5, fmt=S4)],
+    # ... and at 8,192 tokens (the third cell of the perplexity table)
+    *[(R, text, md(LM, f"| {row} |", cell=3), "{:.2f}") for row, text in (
+        ("teacher", "33.95"), ("streaming:64:4", "70.11"), ("streaming:97:4", "56.29"),
+        ("fixed:hedgehog:64:4", "167.43"), ("runs/lm/hybrid_hh_langevin/checkpoint", "105.13"),
+        ("runs/lm/hybrid_hh_langevin/lowrank/checkpoint", "89.39"))],
+    *_paired(R, LM, "+0.2429 [+0.0885, +0.3973]",
+             "| runs/lm/hybrid_hh_langevin/lowrank/checkpoint - streaming:64:4 |", "| ppl | 8192 |",
+             cell=5, fmt=S4),
     # the mean-field study: particles against the PDE at the end time (1-D W1, 2-D MMD)
     *[(R, text, js(path, *keys), fmt) for path, keys, text, fmt in (
         (MF1, ("mean_distance_by_time", "0.5", 0), "0.1434", F4),

@@ -223,8 +223,14 @@ def test_pairs_follow_the_attention():
            "fixed:hedgehog": {"kind": "linear", "source": "fixed", "feature_map": "hedgehog",
                               "n_features": 64, "window": 0, "sinks": 0},
            "streaming:97:4": {"kind": "streaming", "source": "pretrained", "window": 97,
-                              "sinks": 4}}
+                              "sinks": 4},
+           "dir2": {"kind": "hybrid", "source": "directory", "feature_map": "favor",
+                    "n_features": 64, "window": 64, "sinks": 4},
+           "dir3": {"kind": "hybrid", "source": "directory", "feature_map": "favor",
+                    "n_features": 64, "window": 32, "sinks": 4}}
     got = {(a, b): w for a, b, w in pairs(att)}
+    assert got[("dir2", "dir")] == "learned - learned"  # the later row minus the earlier
+    assert ("dir", "dir2") not in got and ("dir3", "dir") not in got  # once; same attention
     assert got[("dir", "fixed:favor:64:4")] == "learned - fixed"
     assert got[("dir", "streaming:97:4")] == "hybrid - StreamingLLM"
     assert got[("fixed:hedgehog", "teacher")] == "row - teacher"

@@ -59,9 +59,12 @@ def _same_attention(a: dict, b: dict) -> bool:
 def pairs(attention: dict[str, dict]) -> list[tuple[str, str, str]]:
     """``(a, b, what)``: every comparison present among rows with these attentions
     (``{row: attention}``, as stored with each result row): a learned (directory) row minus
-    the fixed row of the same attention, a hybrid minus every StreamingLLM row with its sinks,
-    and every other row minus the teacher."""
+    the fixed row of the same attention, a learned row minus every learned row of the same
+    attention given before it (two conversions of one architecture: fitted longer, finished or
+    not), a hybrid minus every StreamingLLM row with its sinks, and every other row minus the
+    teacher."""
     out = []
+    order = {name: i for i, name in enumerate(attention)}
     for a, A in attention.items():
         for b, B in attention.items():
             if a == b:
@@ -69,6 +72,10 @@ def pairs(attention: dict[str, dict]) -> list[tuple[str, str, str]]:
             if A.get("source") == "directory" and B.get("source") == "fixed" and \
                     A.get("kind") != "teacher" and _same_attention(A, B):
                 out.append((a, b, "learned - fixed"))
+            elif A.get("source") == B.get("source") == "directory" and \
+                    A.get("kind") != "teacher" and _same_attention(A, B):
+                if order[a] > order[b]:
+                    out.append((a, b, "learned - learned"))
             elif A.get("kind") == "hybrid" and B.get("kind") == "streaming" and \
                     A.get("sinks") == B.get("sinks"):
                 out.append((a, b, "hybrid - StreamingLLM"))
