@@ -89,6 +89,8 @@ GRID_FULL = "convert/grid_full/grid.md"
 EST = "estimators/must_show.jsonl"
 EST_MD = "estimators/summary.md"
 LM = "lm/eval_report.md"
+FIT2048 = "runs/lm/hybrid_hh_langevin_fit2048/lowrank/checkpoint"
+LINEAR = "runs/lm/linear_hh_langevin/lowrank/checkpoint"
 MF1 = "meanfield_1d/summary.json"
 MF2 = "meanfield_2d/summary.json"
 MF_ETA = "meanfield_eta/eta{}/summary.json"
@@ -248,6 +250,19 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
     *_paired(R, LM, "+0.2429 [+0.0885, +0.3973]",
              "| runs/lm/hybrid_hh_langevin/lowrank/checkpoint - streaming:64:4 |", "| ppl | 8192 |",
              cell=5, fmt=S4),
+    # fitted on 2,048-token documents, and pure linear
+    *[(R, text, md(LM, f"| {row} |", cell=cell), "{:.2f}") for row, cell, text in (
+        (FIT2048, 2, "40.50"), (FIT2048, 3, "74.54"), (LINEAR, 2, "196.83"),
+        (LINEAR, 3, "537.61"))],
+    *[q for pair, length, text in (
+        (f"{FIT2048} - runs/lm/hybrid_hh_langevin/lowrank/checkpoint", 2048,
+         "-0.0924 [-0.1187, -0.0662]"),
+        (f"{FIT2048} - runs/lm/hybrid_hh_langevin/lowrank/checkpoint", 8192,
+         "-0.1817 [-0.1985, -0.1649]"),
+        (f"{FIT2048} - streaming:97:4", 2048, "-0.0798 [-0.1005, -0.0591]"),
+        (f"{FIT2048} - streaming:64:4", 8192, "+0.0612 [-0.0993, +0.2217]"))
+      for q in _paired(R, LM, text, f"| {pair} |", f"| ppl | {length} |", cell=5, fmt=S4)],
+    (R, "5.78", md(LM, f"| {LINEAR} - teacher |", "| ppl | 2048 |", cell=6), "{:.2f}"),
     # the mean-field study: particles against the PDE at the end time (1-D W1, 2-D MMD)
     *[(R, text, js(path, *keys), fmt) for path, keys, text, fmt in (
         (MF1, ("mean_distance_by_time", "0.5", 0), "0.1434", F4),
@@ -386,8 +401,11 @@ QUOTES += [
     (ME, "0.462", md(ABL, "| easy/favor | token_pair |", cell=4), F3),
     (ME, "3.83", md(BENCH_MD, "| 1024 | favor_fused | 64 |", cell=4), "{:.2f}"),
     (ME, "7.89", md(BENCH_MD, "| 1024 | sdpa |", cell=4), "{:.2f}"),
-    (ME, "44.43", md(LM, "| runs/lm/hybrid_hh_langevin/lowrank/checkpoint |", cell=2), "{:.2f}"),
+    (ME, "40.50", md(LM, f"| {FIT2048} |", cell=2), "{:.2f}"),
+    (ME, "74.54", md(LM, f"| {FIT2048} |", cell=3), "{:.2f}"),
     (ME, "49.17", md(LM, "| streaming:64:4 |", cell=2), "{:.2f}"),
+    (ME, "43.87", md(LM, "| streaming:97:4 |", cell=2), "{:.2f}"),
+    (ME, "70.11", md(LM, "| streaming:64:4 |", cell=3), "{:.2f}"),
     (ME, "-0.559", js(MF1, "slope"), F3),
     (ME, "-0.500", js(MF2, "slope"), F3),
 ]
