@@ -231,7 +231,7 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
       for n, method, text in ((512, "favor_fused | 64", "2.23"), (512, "sdpa", "2.05"),
                               (1024, "favor_fused | 64", "3.83"), (1024, "sdpa", "7.89"))],
     # the converted causal LM: perplexity at 2,048 tokens, paired differences in nats
-    *[(R, text, md(LM, f"| {row} |", cell=2), "{:.2f}") for row, text in (
+    *[(R, text, md(LM, f"| {row} |", cell=3), "{:.2f}") for row, text in (
         ("teacher", "34.03"), ("streaming:64:4", "49.17"), ("streaming:97:4", "43.87"),
         ("fixed:hedgehog:64:4", "94.24"), ("runs/lm/hybrid_hh_langevin/checkpoint", "48.88"),
         ("runs/lm/hybrid_hh_langevin/lowrank/checkpoint", "44.43"))],
@@ -240,10 +240,10 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
         ("checkpoint - streaming:64:4", "-0.0059 [-0.0410, +0.0291]"),
         ("lowrank/checkpoint - streaming:64:4", "-0.1015 [-0.1240, -0.0790]"),
         ("lowrank/checkpoint - streaming:97:4", "+0.0127 [-0.0188, +0.0442]"))
-      for q in _paired(R, LM, text, f"| runs/lm/hybrid_hh_langevin/{pair} |", "| ppl |",
+      for q in _paired(R, LM, text, f"| runs/lm/hybrid_hh_langevin/{pair} |", "| ppl | 2048 |",
                        cell=5, fmt=S4)],
-    # ... and at 8,192 tokens (the third cell of the perplexity table)
-    *[(R, text, md(LM, f"| {row} |", cell=3), "{:.2f}") for row, text in (
+    # ... and at 8,192 tokens (cells: row, 512, 2048, 8192)
+    *[(R, text, md(LM, f"| {row} |", cell=4), "{:.2f}") for row, text in (
         ("teacher", "33.95"), ("streaming:64:4", "70.11"), ("streaming:97:4", "56.29"),
         ("fixed:hedgehog:64:4", "167.43"), ("runs/lm/hybrid_hh_langevin/checkpoint", "105.13"),
         ("runs/lm/hybrid_hh_langevin/lowrank/checkpoint", "89.39"))],
@@ -252,8 +252,8 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
              cell=5, fmt=S4),
     # fitted on 2,048-token documents, and pure linear
     *[(R, text, md(LM, f"| {row} |", cell=cell), "{:.2f}") for row, cell, text in (
-        (FIT2048, 2, "40.50"), (FIT2048, 3, "74.54"), (LINEAR, 2, "196.83"),
-        (LINEAR, 3, "537.61"))],
+        (FIT2048, 3, "40.50"), (FIT2048, 4, "74.54"), (LINEAR, 3, "196.83"),
+        (LINEAR, 4, "537.61"))],
     *[q for pair, length, text in (
         (f"{FIT2048} - runs/lm/hybrid_hh_langevin/lowrank/checkpoint", 2048,
          "-0.0924 [-0.1187, -0.0662]"),
@@ -401,11 +401,11 @@ QUOTES += [
     (ME, "0.462", md(ABL, "| easy/favor | token_pair |", cell=4), F3),
     (ME, "3.83", md(BENCH_MD, "| 1024 | favor_fused | 64 |", cell=4), "{:.2f}"),
     (ME, "7.89", md(BENCH_MD, "| 1024 | sdpa |", cell=4), "{:.2f}"),
-    (ME, "40.50", md(LM, f"| {FIT2048} |", cell=2), "{:.2f}"),
-    (ME, "74.54", md(LM, f"| {FIT2048} |", cell=3), "{:.2f}"),
-    (ME, "49.17", md(LM, "| streaming:64:4 |", cell=2), "{:.2f}"),
-    (ME, "43.87", md(LM, "| streaming:97:4 |", cell=2), "{:.2f}"),
-    (ME, "70.11", md(LM, "| streaming:64:4 |", cell=3), "{:.2f}"),
+    (ME, "40.50", md(LM, f"| {FIT2048} |", cell=3), "{:.2f}"),
+    (ME, "74.54", md(LM, f"| {FIT2048} |", cell=4), "{:.2f}"),
+    (ME, "49.17", md(LM, "| streaming:64:4 |", cell=3), "{:.2f}"),
+    (ME, "43.87", md(LM, "| streaming:97:4 |", cell=3), "{:.2f}"),
+    (ME, "70.11", md(LM, "| streaming:64:4 |", cell=4), "{:.2f}"),
     (ME, "-0.559", js(MF1, "slope"), F3),
     (ME, "-0.500", js(MF2, "slope"), F3),
 ]
