@@ -175,3 +175,44 @@ def test_finishing_a_finished_transfer_reuses_it(tiny_dir, tmp_path):
     with pytest.raises(ValueError, match="another configuration"):
         convert_decoder(_config(tiny_dir, steps=7, finish_steps=2), out, progress=False,
                         log=lambda m: None)
+
+
+def test_killed_finishing_resumes_to_the_same_weights(tiny_dir, tmp_path, monkeypatch):
+    """The finishing saves its resume point (parameters, Adam's moments, the generator)
+    every few steps; a run killed after its first save finishes, on the same command, to the
+    weights of an uninterrupted run, bit for bit."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(D, "FINISH_CHECKPOINT_EVERY", 2)
+    cfg = _config(tiny_dir, finish_steps=5, finish_lr=0.02, finish_length=48, lora_rank=2)
+    whole = convert_decoder(cfg, tmp_path / "whole", progress=False, log=lambda m: None)
+    save = D._save_finishing
+
+    def save_then_die(art, stamp, snap):
+        save(art, stamp, snap)
+        if snap["step"] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(D, "_save_finishing", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        convert_decoder(cfg, tmp_path / "cut", progress=False, log=lambda m: None)
+    monkeypatch.setattr(D, "_save_finishing", save)
+    # the transfer row was complete before the kill: written, its finishing pending
+    assert D.Artifact(tmp_path / "cut").read_result()["finished"] is None
+    logs = []
+    cut = convert_decoder(cfg, tmp_path / "cut", progress=False, log=logs.append)
+    assert any("resuming the finishing at step 3/5" in m for m in logs)
+    a = load_file(str(tmp_path / "whole" / "lowrank" / "checkpoint" / "model.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "lowrank" / "checkpoint" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert cut["finished"]["kl_last10"] == whole["finished"]["kl_last10"]
+    assert not (tmp_path / "cut" / "state").exists()
+    # a finishing of another configuration left in state/ is not mixed in
+    monkeypatch.setattr(D, "_save_finishing", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        convert_decoder(cfg, tmp_path / "other", progress=False, log=lambda m: None)
+    monkeypatch.setattr(D, "_save_finishing", save)
+    with pytest.raises(ValueError, match="unfinished finishing with another configuration"):
+        convert_decoder(_config(tiny_dir, finish_steps=6, finish_lr=0.02, finish_length=48,
+                                lora_rank=2), tmp_path / "other", progress=False,
+                        log=lambda m: None)

@@ -16,7 +16,10 @@ last ``W`` tokens, the particles' term for the rest, one denominator), fixed fea
 StreamingLLM). A conversion directory (:class:`~coulomb_attention.convert.artifact.Artifact`)
 holds ``checkpoint/`` (a Hugging Face llama directory with the particles,
 :func:`coulomb_attention.nn.families.llama.save_pretrained`), ``records.jsonl`` and
-``result.json``; a killed run resumes at the next layer with the same particles.
+``result.json``; a killed run resumes at the next layer with the same particles. The
+finishing (``finish_steps``) starts once the transfer row is written (``result.json`` with
+``"finished": null``) and saves its resume point every :data:`FINISH_CHECKPOINT_EVERY` steps
+(parameters, Adam's moments, the generator), so a killed finishing resumes to the same weights.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -174,13 +178,15 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
     stamp = dataclasses.asdict(config)
     if art.is_finished() and not force:
         result = art.read_result()
-        if result.get("config") == stamp:
+        pending = bool(config.finish_steps) and not result.get("finished")
+        if result.get("config") == stamp and not pending:
             log(f"{art.root} is already converted ({config.row}); --force converts again")
             return result
         if not (config.finish_steps and _transfer(result.get("config") or {}) == _transfer(stamp)):
             raise ValueError(f"{art.root} holds a finished conversion with another "
                              "configuration; use another --out or --force")
-        # the same transfer with another finishing: reuse the transfer row, finish it
+        # the same transfer, its finishing interrupted or another one asked: reuse the
+        # transfer row, finish it
         log(f"{art.root}: reusing its transfer row; finishing it ({config.finish_steps} steps)")
         teacher, tok = load(config.model)
         student, _ = load(art.checkpoint)
@@ -220,8 +226,6 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
     fit_s = time.perf_counter() - t_fit
     save_pretrained(student, art.checkpoint, tokenizer=tok)
     art.write_records(records)
-    finished = (_finish_stage(config, student, teacher, docs, tok, art, log)
-                if config.finish_steps else None)
     kl = [(r["kl_before"], r["kl_after"], r.get("holdout_kl_after")) for r in records]
     result = {
         "config": stamp, "row": config.row, "data": source,
@@ -229,12 +233,17 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
         "holdout_documents": int(max(docs.shape[0] - config.n_docs, 0)),
         "row_kl_before": _mean([k[0] for k in kl]), "row_kl_after": _mean([k[1] for k in kl]),
         "holdout_row_kl_after": _mean([k[2] for k in kl]),
-        "finished": finished,
+        "finished": None,
         "time_s": {"fit": fit_s, "total": time.perf_counter() - t_start},
         "threads": torch.get_num_threads(),
     }
+    # the transfer row is complete: written before the finishing, which resumes from it
     art.write_result(result)
     art.clear_state()
+    if config.finish_steps:
+        result["finished"] = _finish_stage(config, student, teacher, docs, tok, art, log)
+        result["time_s"]["total"] = time.perf_counter() - t_start
+        art.write_result(result)
     return result
 
 
@@ -255,11 +264,19 @@ def _trainable_window_logits(model):
 
 def finish_decoder(student, teacher, docs: torch.Tensor, *, steps: int, lr: float,
                    lora_rank: int = 0, batch_size: int = 1, seed: int = 0,
-                   log=print) -> list[dict[str, Any]]:
+                   resume: dict[str, Any] | None = None,
+                   on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
+                   every: int = 10, log=print) -> list[dict[str, Any]]:
     """Finish a converted decoder end to end: the particles, the window weights and, with
     ``lora_rank > 0``, LoRA adapters on q/k/v/out (merged at the end) trained by Adam on the
     KL divergence of the student's next-token distribution from the teacher's, over every
-    position of the documents ``docs`` (n, T). Returns one record per step ``{step, kl}``."""
+    position of the documents ``docs`` (n, T). Returns one record per step ``{step, kl}``.
+
+    Every ``every`` steps (and after the last) ``on_checkpoint`` receives the resume point
+    ``{step, records, tensors, generator_state}`` (``step``: the next step; ``tensors``: the
+    trained parameters ``param{i}`` and Adam's state ``adam{i}.{key}``); passing it back as
+    ``resume`` (to the same student and configuration) continues to the same weights as an
+    uninterrupted run."""
     from ..nn.attention import trainable_omega
     from ..nn.lora import add_lora_, lora_parameters, merge_lora_
 
@@ -278,8 +295,13 @@ def finish_decoder(student, teacher, docs: torch.Tensor, *, steps: int, lr: floa
         if lora_rank:
             params += lora_parameters(student)
         opt = torch.optim.Adam(params, lr=lr)
+        start = 0
+        if resume is not None:
+            start = _restore_finishing(resume, params, opt, g, steps)
+            records = list(resume["records"])
+            log(f"  resuming the finishing at step {start + 1}/{steps}")
         t0 = time.perf_counter()
-        for step in range(steps):
+        for step in range(start, steps):
             idx = torch.randint(0, docs.shape[0], (batch_size,), generator=g)
             ids = docs[idx]
             with torch.no_grad():
@@ -293,14 +315,56 @@ def finish_decoder(student, teacher, docs: torch.Tensor, *, steps: int, lr: floa
             if step % 10 == 0 or step == steps - 1:
                 log(f"  finish step {step + 1}/{steps}: next-token KL {kl.item():.4f} "
                     f"({time.perf_counter() - t0:.0f} s)")
+            if on_checkpoint is not None and ((step + 1) % every == 0 or step == steps - 1):
+                on_checkpoint(_finishing_snapshot(step + 1, records, params, opt, g))
     if lora_rank:
         merge_lora_(student)
     student.requires_grad_(False)
     return records
 
 
+def _finishing_snapshot(next_step: int, records, params, opt, g) -> dict[str, Any]:
+    """The finishing's resume point (copies: later steps do not change it)."""
+    tensors = {f"param{i}": p.detach().clone() for i, p in enumerate(params)}
+    for i, state in opt.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"adam{i}.{key}"] = torch.as_tensor(value).detach().clone().reshape(-1)
+    return {"step": next_step, "records": [dict(r) for r in records], "tensors": tensors,
+            "generator_state": g.get_state()}
+
+
+def _restore_finishing(resume: dict[str, Any], params, opt, g, steps: int) -> int:
+    """Load a :func:`_finishing_snapshot` into the parameters, Adam and the generator;
+    returns the next step. A snapshot of other parameters raises."""
+    tensors = resume["tensors"]
+    n_saved = sum(1 for k in tensors if k.startswith("param"))
+    if n_saved != len(params) or not 0 < int(resume["step"]) <= steps:
+        raise ValueError(f"the finishing's resume point does not match this run ({n_saved} "
+                         f"saved parameters, {len(params)} here; step {resume['step']} of "
+                         f"{steps})")
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            saved = tensors[f"param{i}"]
+            if saved.shape != p.shape:
+                raise ValueError(f"the finishing's resume point holds param{i} of shape "
+                                 f"{tuple(saved.shape)}, this run {tuple(p.shape)}")
+            p.copy_(saved)
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        if name.startswith("adam"):
+            index, key = name[4:].split(".", 1)
+            shape = () if key == "step" else params[int(index)].shape
+            state.setdefault(int(index), {})[key] = value.reshape(shape).clone()
+    sd = opt.state_dict()
+    opt.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
+    g.set_state(resume["generator_state"])
+    return int(resume["step"])
+
+
 #: the fields of the finishing stage (the transfer before it does not depend on them)
 FINISH_FIELDS = ("finish_steps", "finish_lr", "finish_length", "lora_rank")
+#: steps between the finishing's resume points
+FINISH_CHECKPOINT_EVERY = 10
 
 
 def _transfer(stamp: dict) -> dict:
@@ -329,15 +393,44 @@ def _finish_stage(config, student, teacher, docs, tok, art: Artifact, log) -> di
     from ..nn.families.llama import save_pretrained
 
     t0 = time.perf_counter()
+    stamp = dataclasses.asdict(config)
     fdocs = docs[:config.n_docs, :config.finish_length]
     trace = finish_decoder(student, teacher, fdocs, steps=config.finish_steps,
                            lr=config.finish_lr, lora_rank=config.lora_rank,
-                           seed=config.seed, log=log)
+                           seed=config.seed, resume=_load_finishing(art, stamp, log),
+                           on_checkpoint=lambda snap: _save_finishing(art, stamp, snap),
+                           every=FINISH_CHECKPOINT_EVERY, log=log)
     save_pretrained(student, art.lowrank_checkpoint, tokenizer=tok)
+    art.clear_state()
     tail = trace[-min(10, len(trace)):]
     return {"checkpoint": Artifact.relative_lowrank_checkpoint(), "kl_first": trace[0]["kl"],
             "kl_last10": sum(r["kl"] for r in tail) / len(tail),
             "time_s": time.perf_counter() - t0, "lora_rank": config.lora_rank}
+
+
+def _save_finishing(art: Artifact, stamp: dict, snap: dict[str, Any]) -> None:
+    art.save_state(snap["tensors"], snap["generator_state"],
+                   {"stage": "finish", "config": stamp, "next_step": snap["step"],
+                    "records": snap["records"]})
+
+
+def _load_finishing(art: Artifact, stamp: dict, log) -> dict[str, Any] | None:
+    """The finishing's resume point in ``art`` (None: start the finishing afresh). A
+    finishing of another configuration raises; a stale transfer state is dropped."""
+    saved = art.load_state()
+    if saved is None:
+        return None
+    progress, tensors, generator_state = saved
+    if progress.get("stage") != "finish":
+        log(f"{art.state}: dropping a stale transfer resume point (the transfer row is "
+            "already written)")
+        art.clear_state()
+        return None
+    if progress.get("config") != stamp:
+        raise ValueError(f"{art.root} holds an unfinished finishing with another "
+                         "configuration; use another --out or delete its state/")
+    return {"step": progress["next_step"], "records": progress["records"],
+            "tensors": tensors, "generator_state": generator_state}
 
 
 def _mean(xs):
