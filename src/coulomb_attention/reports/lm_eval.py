@@ -258,53 +258,73 @@ def _markdown(s: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _row_styles(plt, rows: list[str]) -> dict[str, dict[str, Any]]:
+    """A distinct (colour, line style, marker) per row, however many rows (tab10 up to ten,
+    then tab20 with line styles and markers cycling too)."""
+    cmap = plt.get_cmap("tab10" if len(rows) <= 10 else "tab20").colors
+    dashes, markers = ("-", "--", ":", "-."), ("o", "s", "^", "D", "v")
+    return {row: {"color": cmap[i % len(cmap)], "linestyle": dashes[i % len(dashes)],
+                  "marker": markers[i % len(markers)]} for i, row in enumerate(rows)}
+
+
+def _legend_below(fig, axes, n_rows: int) -> None:
+    """One legend for the figure, below the panels (it covers no curve)."""
+    handles, labels = {}, {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+            labels[lab] = lab
+    ncol = 2 if n_rows > 4 else 1
+    fig.legend(list(handles.values()), list(labels), loc="lower center", ncol=ncol, fontsize=7,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.06 * math.ceil(n_rows / ncol) / 1.5, 1, 1))
+
+
 def _plot_positions(s: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     lengths = sorted({L for r in s["fine"].values() for L in r})
-    fig, axes = plt.subplots(1, len(lengths), figsize=(5.0 * len(lengths), 3.8), squeeze=False)
-    colors = plt.get_cmap("tab10").colors
+    n = len(s["rows"])
+    fig, axes = plt.subplots(1, len(lengths), figsize=(5.0 * len(lengths), 3.4 + 0.17 * n),
+                             squeeze=False)
+    styles = _row_styles(plt, s["rows"])
     for ax, L in zip(axes[0], lengths, strict=True):
-        for i, row in enumerate(s["rows"]):
+        for row in s["rows"]:
             f = s["fine"].get(row, {}).get(L)
             if f is None:
                 continue
             e = f["edges"]
             x = [math.sqrt(lo * max(hi - 1, lo)) for lo, hi in zip(e[:-1], e[1:], strict=True)]
-            ax.plot(x, f["nll"], marker="o", ms=3, color=colors[i % len(colors)], label=row)
+            ax.plot(x, f["nll"], ms=3, lw=1.2, label=row, **styles[row])
         ax.set_xscale("log")
         ax.set_xlabel("target position")
         ax.set_ylabel("loss (nats / token)")
         ax.set_title(f"loss vs position, documents of {L}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    _legend_below(fig, axes[0], n)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def _plot_passkey(s: dict[str, Any], path: Path) -> None:
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.2, 3.8))
-    colors = plt.get_cmap("tab10").colors
-    for i, row in enumerate(s["rows"]):
-        p = s["passkey"].get(row)
-        if not p:
-            continue
+    rows = [row for row in s["rows"] if s["passkey"].get(row)]
+    fig, ax = plt.subplots(figsize=(5.2, 3.4 + 0.17 * len(rows)))
+    styles = _row_styles(plt, rows)
+    for row in rows:
+        p = s["passkey"][row]
         L = sorted(p)
         mean = [p[x][0] for x in L]
         lo = [m - (p[x][1] if not math.isnan(p[x][1]) else m) for x, m in zip(L, mean,
                                                                               strict=True)]
         hi = [(p[x][2] if not math.isnan(p[x][2]) else m) - m for x, m in zip(L, mean,
                                                                               strict=True)]
-        ax.errorbar(L, mean, yerr=[lo, hi], marker="o", capsize=3,
-                    color=colors[i % len(colors)], label=row)
+        ax.errorbar(L, mean, yerr=[lo, hi], capsize=3, label=row, **styles[row])
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("total length (tokens)")
     ax.set_ylabel("passkey accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    _legend_below(fig, [ax], len(rows))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
