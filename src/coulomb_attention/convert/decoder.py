@@ -28,9 +28,9 @@ import copy
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from collections.abc import Callable
 from typing import Any
 
 import torch

@@ -269,15 +269,14 @@ def _row_styles(plt, rows: list[str]) -> dict[str, dict[str, Any]]:
 
 def _legend_below(fig, axes, n_rows: int) -> None:
     """One legend for the figure, below the panels (it covers no curve)."""
-    handles, labels = {}, {}
+    handles = {}  # label -> the first handle drawn with it
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(lab, h)
-            labels[lab] = lab
     ncol = 2 if n_rows > 4 else 1
-    fig.legend(list(handles.values()), list(labels), loc="lower center", ncol=ncol, fontsize=7,
-               frameon=False)
-    fig.tight_layout(rect=(0, 0.06 * math.ceil(n_rows / ncol) / 1.5, 1, 1))
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol,
+               fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 * math.ceil(n_rows / ncol), 1, 1))  # room for its lines
 
 
 def _plot_positions(s: dict[str, Any], path: Path) -> None:
