@@ -208,6 +208,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--finish-lr", type=float, default=None, help="(default: 0.01)")
     g.add_argument("--finish-length", type=int, default=None,
                    help="tokens per finishing document (default: 512)")
+    g.add_argument("--finish-docs", type=int, default=None,
+                   help="finish on this many documents spread round-robin over all the "
+                        "training works (default: 0, the transfer's --docs documents)")
+    g.add_argument("--finish-schedule", choices=("constant", "cosine"), default=None,
+                   help="the finishing's learning rate: constant, or cosine from --finish-lr "
+                        "to 0 (default: constant)")
+    g.add_argument("--finish-clip", type=float, default=None,
+                   help="clip the finishing's gradient norm (default: 0, no clipping)")
     add_progress(p)
     p.add_argument("--no-hf", action="store_true",
                    help="do not write OUT/hf (the Hugging Face / sentence-transformers directory)")

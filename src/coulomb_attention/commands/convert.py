@@ -104,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
                                                          "method", "fit_length", "docs",
                                                          "texts", "window_steps",
                                                          "finish_steps", "finish_lr",
-                                                         "finish_length")
+                                                         "finish_length", "finish_docs",
+                                                         "finish_schedule", "finish_clip")
                     if getattr(args, k) not in (None, False)]
     if decoder_only:
         raise ValueError(f"{', '.join(decoder_only)} apply to --model (causal language "

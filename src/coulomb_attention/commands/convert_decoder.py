@@ -29,7 +29,9 @@ DECODER_FLAGS = {"model": "model", "feature_map": "feature_map", "n_features": "
                  "output_weight": "output_weight", "window_steps": "window_steps",
                  "lam": "lam", "eta": "eta", "eta_end": "eta_end",
                  "finish_steps": "finish_steps", "finish_lr": "finish_lr",
-                 "finish_length": "finish_length", "lora_rank": "lora_rank"}
+                 "finish_length": "finish_length", "lora_rank": "lora_rank",
+                 "finish_docs": "finish_docs", "finish_schedule": "finish_schedule",
+                 "finish_clip": "finish_clip"}
 
 
 def decoder_config_from_args(args: argparse.Namespace):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable
@@ -45,6 +46,8 @@ __all__ = ["DecoderConfig", "convert_decoder", "finish_decoder", "load_converted
 
 #: The maps a decoder is converted on (the attention maps with particles).
 DECODER_MAPS = tuple(n for n, s in ATTENTION_FEATURES.items() if s.has_features)
+#: the finishing's learning-rate schedules
+FINISH_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,16 @@ class DecoderConfig:
     finish_steps : int     end-to-end finishing after the transfer (:func:`finish_decoder`:
                            particles, window weights and LoRA adapters by Adam on the teacher's
                            next-token distribution; 0: none); its own row in ``lowrank/``
-    finish_lr : float      its learning rate
+    finish_lr : float      its learning rate (the peak, with ``finish_schedule="cosine"``)
     finish_length : int    tokens of the finishing documents (the first of each document)
     lora_rank : int        rank of the finishing's LoRA adapters on q/k/v/out (0: none)
+    finish_docs : int      documents of the finishing: 0, the transfer's ``n_docs`` training
+                           documents (cut in order from the first works); > 0, that many
+                           windows of ``finish_length`` tokens spread round-robin over all
+                           the training works (:func:`~coulomb_attention.data.token_documents`
+                           with ``spread=True``)
+    finish_schedule : str  ``constant`` or ``cosine`` (from ``finish_lr`` to 0 over the steps)
+    finish_clip : float    the finishing's gradient-norm clip (0: none)
     """
 
     model: str = "smollm2"
@@ -107,15 +117,19 @@ class DecoderConfig:
     finish_lr: float = 0.01
     finish_length: int = 512
     lora_rank: int = 0
+    finish_docs: int = 0
+    finish_schedule: str = "constant"
+    finish_clip: float = 0.0
 
     def __post_init__(self) -> None:
         check_choice("feature_map", self.feature_map, DECODER_MAPS)
         check_choice("method", self.method, ("langevin", "adam"))
+        check_choice("finish_schedule", self.finish_schedule, FINISH_SCHEDULES)
         for name in ("n_features", "fit_length", "n_docs", "rows_per_sequence", "batch_size",
                      "steps"):
             check_positive(name, getattr(self, name), integer=True)
         for name in ("window", "sinks", "holdout", "window_steps", "seed", "finish_steps",
-                     "lora_rank"):
+                     "lora_rank", "finish_docs"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
@@ -125,7 +139,7 @@ class DecoderConfig:
             raise ValueError("the window alone (no linear term) needs a window > 0")
         if self.fit_length < 2:
             raise ValueError(f"fit_length must be >= 2, got {self.fit_length}")
-        for name in ("output_weight", "lam"):
+        for name in ("output_weight", "lam", "finish_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("window_lr", "eta", "eta_end", "finish_lr"):
@@ -134,6 +148,10 @@ class DecoderConfig:
         if (self.lora_rank or self.finish_steps) and not (self.linear and self.finish_steps):
             raise ValueError("finishing needs --finish-steps > 0 and a row with a linear term "
                              "(--lora-rank goes with --finish-steps)")
+        if not self.finish_steps and (self.finish_docs or self.finish_clip
+                                      or self.finish_schedule != "constant"):
+            raise ValueError("--finish-docs, --finish-schedule and --finish-clip go with "
+                             "--finish-steps")
 
     @property
     def row(self) -> str:
@@ -179,10 +197,11 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
     if art.is_finished() and not force:
         result = art.read_result()
         pending = bool(config.finish_steps) and not result.get("finished")
-        if result.get("config") == stamp and not pending:
+        if _stamp(result.get("config")) == stamp and not pending:
             log(f"{art.root} is already converted ({config.row}); --force converts again")
             return result
-        if not (config.finish_steps and _transfer(result.get("config") or {}) == _transfer(stamp)):
+        same_transfer = _transfer(_stamp(result.get("config"))) == _transfer(stamp)
+        if not (config.finish_steps and same_transfer):
             raise ValueError(f"{art.root} holds a finished conversion with another "
                              "configuration; use another --out or --force")
         # the same transfer, its finishing interrupted or another one asked: reuse the
@@ -192,7 +211,8 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
         student, _ = load(art.checkpoint)
         docs, _ = _documents(config, tok, data_dir, texts, log)
         result = {**result, "config": stamp,
-                  "finished": _finish_stage(config, student, teacher, docs, tok, art, log)}
+                  "finished": _finish_stage(config, student, teacher, docs, tok, art, log,
+                                            data_dir=data_dir, texts=texts)}
         art.write_result(result)
         return result
     if force:
@@ -241,7 +261,8 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
     art.write_result(result)
     art.clear_state()
     if config.finish_steps:
-        result["finished"] = _finish_stage(config, student, teacher, docs, tok, art, log)
+        result["finished"] = _finish_stage(config, student, teacher, docs, tok, art, log,
+                                           data_dir=data_dir, texts=texts)
         result["time_s"]["total"] = time.perf_counter() - t_start
         art.write_result(result)
     return result
@@ -264,13 +285,16 @@ def _trainable_window_logits(model):
 
 def finish_decoder(student, teacher, docs: torch.Tensor, *, steps: int, lr: float,
                    lora_rank: int = 0, batch_size: int = 1, seed: int = 0,
+                   schedule: str = "constant", clip: float = 0.0,
                    resume: dict[str, Any] | None = None,
                    on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
                    every: int = 10, log=print) -> list[dict[str, Any]]:
     """Finish a converted decoder end to end: the particles, the window weights and, with
     ``lora_rank > 0``, LoRA adapters on q/k/v/out (merged at the end) trained by Adam on the
     KL divergence of the student's next-token distribution from the teacher's, over every
-    position of the documents ``docs`` (n, T). Returns one record per step ``{step, kl}``.
+    position of the documents ``docs`` (n, T). ``schedule``: ``constant`` or ``cosine``
+    (``lr`` at the first step, 0 after the last); ``clip`` > 0 clips the gradient's norm.
+    Returns one record per step ``{step, kl, lr, grad_norm}`` (the norm before clipping).
 
     Every ``every`` steps (and after the last) ``on_checkpoint`` receives the resume point
     ``{step, records, tensors, generator_state}`` (``step``: the next step; ``tensors``: the
@@ -282,6 +306,9 @@ def finish_decoder(student, teacher, docs: torch.Tensor, *, steps: int, lr: floa
 
     check_positive("steps", steps, integer=True)
     check_positive("lr", lr)
+    check_choice("schedule", schedule, FINISH_SCHEDULES)
+    if not clip >= 0:
+        raise ValueError(f"clip must be >= 0, got {clip!r}")
     g = torch.Generator().manual_seed(seed)
     teacher.eval()
     student.train(False)  # no dropout in these models; eval keeps the ops' inference paths
@@ -310,8 +337,13 @@ def finish_decoder(student, teacher, docs: torch.Tensor, *, steps: int, lr: floa
             kl = (target.exp() * (target - out)).sum(-1).mean()
             opt.zero_grad()
             kl.backward()
+            norm = torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf"))
+            rate = finish_rate(lr, step, steps, schedule)
+            for group in opt.param_groups:
+                group["lr"] = rate
             opt.step()
-            records.append({"step": step, "kl": kl.item()})
+            records.append({"step": step, "kl": kl.item(), "lr": rate,
+                            "grad_norm": norm.item()})
             if step % 10 == 0 or step == steps - 1:
                 log(f"  finish step {step + 1}/{steps}: next-token KL {kl.item():.4f} "
                     f"({time.perf_counter() - t0:.0f} s)")
@@ -321,6 +353,15 @@ def finish_decoder(student, teacher, docs: torch.Tensor, *, steps: int, lr: floa
         merge_lora_(student)
     student.requires_grad_(False)
     return records
+
+
+def finish_rate(lr: float, step: int, steps: int, schedule: str) -> float:
+    """The finishing's learning rate at ``step`` (0-based) of ``steps``: ``lr`` throughout
+    (``constant``) or ``lr * (1 + cos(pi * step / steps)) / 2`` (``cosine``)."""
+    if schedule == "constant":
+        return lr
+    check_choice("schedule", schedule, FINISH_SCHEDULES)
+    return lr * 0.5 * (1.0 + math.cos(math.pi * step / steps))
 
 
 def _finishing_snapshot(next_step: int, records, params, opt, g) -> dict[str, Any]:
@@ -362,9 +403,16 @@ def _restore_finishing(resume: dict[str, Any], params, opt, g, steps: int) -> in
 
 
 #: the fields of the finishing stage (the transfer before it does not depend on them)
-FINISH_FIELDS = ("finish_steps", "finish_lr", "finish_length", "lora_rank")
+FINISH_FIELDS = ("finish_steps", "finish_lr", "finish_length", "lora_rank", "finish_docs",
+                 "finish_schedule", "finish_clip")
 #: steps between the finishing's resume points
 FINISH_CHECKPOINT_EVERY = 10
+
+
+def _stamp(saved: dict | None) -> dict:
+    """A saved configuration with the fields added since it was written at their defaults
+    (what those runs did), so that it compares equal to the same configuration now."""
+    return {**{f.name: f.default for f in dataclasses.fields(DecoderConfig)}, **(saved or {})}
 
 
 def _transfer(stamp: dict) -> dict:
@@ -387,16 +435,33 @@ def _documents(config: DecoderConfig, tok, data_dir, texts, log):
     return docs, source
 
 
-def _finish_stage(config, student, teacher, docs, tok, art: Artifact, log) -> dict:
+def _finishing_documents(config: DecoderConfig, tok, docs, data_dir, texts, log):
+    """The finishing's documents: the training documents' first ``finish_length`` tokens, or
+    with ``finish_docs`` that many windows spread over all the training works."""
+    from ..data import long_texts, token_documents
+
+    if not config.finish_docs:
+        return docs[:config.n_docs, :config.finish_length]
+    texts_list, _ = long_texts("train", data_dir, texts)
+    fdocs = token_documents(tok, texts_list, config.finish_length, n=config.finish_docs,
+                            spread=True)
+    log(f"finishing on {fdocs.shape[0]} documents of {config.finish_length} tokens spread "
+        f"over {len(texts_list)} works")
+    return fdocs
+
+
+def _finish_stage(config, student, teacher, docs, tok, art: Artifact, log, *,
+                  data_dir=None, texts=None) -> dict:
     """The finishing (its own row in ``lowrank/``; the transfer row stays in
-    ``checkpoint/``), on the training documents' first ``finish_length`` tokens."""
+    ``checkpoint/``), on :func:`_finishing_documents`."""
     from ..nn.families.llama import save_pretrained
 
     t0 = time.perf_counter()
     stamp = dataclasses.asdict(config)
-    fdocs = docs[:config.n_docs, :config.finish_length]
+    fdocs = _finishing_documents(config, tok, docs, data_dir, texts, log)
     trace = finish_decoder(student, teacher, fdocs, steps=config.finish_steps,
                            lr=config.finish_lr, lora_rank=config.lora_rank,
+                           schedule=config.finish_schedule, clip=config.finish_clip,
                            seed=config.seed, resume=_load_finishing(art, stamp, log),
                            on_checkpoint=lambda snap: _save_finishing(art, stamp, snap),
                            every=FINISH_CHECKPOINT_EVERY, log=log)
@@ -405,7 +470,8 @@ def _finish_stage(config, student, teacher, docs, tok, art: Artifact, log) -> di
     tail = trace[-min(10, len(trace)):]
     return {"checkpoint": Artifact.relative_lowrank_checkpoint(), "kl_first": trace[0]["kl"],
             "kl_last10": sum(r["kl"] for r in tail) / len(tail),
-            "time_s": time.perf_counter() - t0, "lora_rank": config.lora_rank}
+            "time_s": time.perf_counter() - t0, "lora_rank": config.lora_rank,
+            "documents": int(fdocs.shape[0]), "trace": trace}
 
 
 def _save_finishing(art: Artifact, stamp: dict, snap: dict[str, Any]) -> None:
@@ -426,7 +492,7 @@ def _load_finishing(art: Artifact, stamp: dict, log) -> dict[str, Any] | None:
             "already written)")
         art.clear_state()
         return None
-    if progress.get("config") != stamp:
+    if _stamp(progress.get("config")) != stamp:
         raise ValueError(f"{art.root} holds an unfinished finishing with another "
                          "configuration; use another --out or delete its state/")
     return {"step": progress["next_step"], "records": progress["records"],

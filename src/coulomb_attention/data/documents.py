@@ -141,11 +141,13 @@ def long_texts(split: str, data_dir=None, path=None) -> tuple[list[str], str]:
 
 
 def token_documents(tokenizer, texts: Sequence[str], length: int, n: int | None = None,
-                    bos: int | None = None) -> torch.Tensor:
+                    bos: int | None = None, spread: bool = False) -> torch.Tensor:
     """Consecutive, non-overlapping windows of ``length`` tokens cut from each text in order
     (a window never spans two texts; a text's tail shorter than ``length`` is dropped), the
     first ``n`` (``None``: all). ``bos``: a token id put first in each window (then
-    ``length - 1`` text tokens follow).
+    ``length - 1`` text tokens follow). ``spread``: the windows in round-robin order over the
+    texts (every text's first window, then every text's second, ...), so that the first
+    ``n`` come from as many texts as possible rather than from the start of the first.
 
     ``tokenizer`` is a ``tokenizers.Tokenizer`` (``encode(text).ids``) or has
     ``encode(text) -> list[int]``. Returns a LongTensor ``(n_docs, length)``; raises
@@ -154,15 +156,24 @@ def token_documents(tokenizer, texts: Sequence[str], length: int, n: int | None 
     if isinstance(length, bool) or not isinstance(length, int) or length < 2:
         raise ValueError(f"length must be an integer >= 2, got {length!r}")
     body = length - (bos is not None)
-    docs = []
-    for text in texts:
+    head = [bos] if bos is not None else []
+
+    def windows(text):
         enc = tokenizer.encode(text)
         ids = list(getattr(enc, "ids", enc))
-        for start in range(0, len(ids) - body + 1, body):
-            doc = ids[start:start + body]
-            docs.append(([bos] if bos is not None else []) + doc)
+        return [head + ids[s:s + body] for s in range(0, len(ids) - body + 1, body)]
+
+    docs = []
+    if spread:
+        cuts = [windows(text) for text in texts]
+        for rank in range(max((len(c) for c in cuts), default=0)):
+            docs += [c[rank] for c in cuts if rank < len(c)]
+    else:
+        for text in texts:
+            docs += windows(text)
             if n is not None and len(docs) >= n:
-                return torch.tensor(docs, dtype=torch.long)
+                break
+    docs = docs if n is None else docs[:n]
     if not docs:
         longest = max(len(list(getattr(tokenizer.encode(t), "ids", tokenizer.encode(t))))
                       for t in texts)
