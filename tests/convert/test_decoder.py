@@ -96,6 +96,10 @@ def test_fixed_and_streaming_rows_fit_nothing(tiny_dir, tmp_path):
     (dict(feature_map="softmax"), "unknown feature_map"),
     (dict(method="sgd"), "unknown method"),
     (dict(sinks=-1), "sinks must be an integer >= 0"),
+    (dict(finish_docs=4), "go with --finish-steps"),
+    (dict(finish_steps=2, finish_schedule="linear"), "unknown finish_schedule"),
+    (dict(finish_steps=2, finish_clip=-1.0), "finish_clip must be >= 0"),
+    (dict(finish_steps=2, finish_docs=-1), "finish_docs must be an integer >= 0"),
 ])
 def test_bad_rows_fail_clearly(tiny_dir, kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -216,3 +220,78 @@ def test_killed_finishing_resumes_to_the_same_weights(tiny_dir, tmp_path, monkey
         convert_decoder(_config(tiny_dir, finish_steps=6, finish_lr=0.02, finish_length=48,
                                 lora_rank=2), tmp_path / "other", progress=False,
                         log=lambda m: None)
+
+
+def test_cosine_schedule_and_clipping_are_what_the_records_say(tiny_dir):
+    """finish_rate: lr at the first step, lr/2 halfway, falling to 0 (closed form); the
+    finishing's records carry that rate and the gradient norm before clipping, and a clip
+    below every norm changes the weights (the clipped run is not the unclipped one)."""
+    import math
+
+    from coulomb_attention.data import long_texts, token_documents
+    from coulomb_attention.nn.families.llama import load
+
+    assert D.finish_rate(0.01, 0, 10, "cosine") == pytest.approx(0.01)
+    assert D.finish_rate(0.01, 5, 10, "cosine") == pytest.approx(0.005)
+    assert D.finish_rate(0.01, 9, 10, "cosine") == pytest.approx(
+        0.005 * (1 + math.cos(math.pi * 0.9)))
+    assert D.finish_rate(0.01, 7, 10, "constant") == 0.01
+    with pytest.raises(ValueError, match="unknown schedule"):
+        D.finish_rate(0.01, 0, 10, "step")
+    teacher, tok = load(tiny_dir)
+    docs = token_documents(tok, long_texts("train")[0], 48, n=3)
+
+    def finish(clip):
+        student, _ = load(tiny_dir)
+        student = D._build(student, _config(tiny_dir))
+        rec = D.finish_decoder(student, teacher, docs, steps=4, lr=0.02, lora_rank=2,
+                               schedule="cosine", clip=clip, log=lambda m: None)
+        return rec, torch.cat([a.omega.flatten() for a in student.attention_layers])
+
+    free, w_free = finish(0.0)
+    assert [r["lr"] for r in free] == pytest.approx([0.02 * (1 + math.cos(math.pi * s / 4)) / 2
+                                                     for s in range(4)])
+    assert all(r["grad_norm"] > 0 and math.isfinite(r["grad_norm"]) for r in free)
+    clipped, w_clipped = finish(min(r["grad_norm"] for r in free) / 100)
+    assert clipped[0]["grad_norm"] == pytest.approx(free[0]["grad_norm"])  # before clipping
+    assert not torch.allclose(w_free, w_clipped)
+    with pytest.raises(ValueError, match="clip must be >= 0"):
+        D.finish_decoder(D._build(load(tiny_dir)[0], _config(tiny_dir)), teacher, docs,
+                         steps=1, lr=0.01, clip=-1.0)
+
+
+def test_finishing_on_spread_documents_and_old_configurations(tiny_dir, tmp_path, capsys):
+    """--finish-docs finishes on that many windows spread over the training works (logged,
+    counted in the result, trace kept); a result.json written before the finishing options
+    existed compares equal to the same command now (the directory is left as it is)."""
+    import json
+
+    from coulomb_attention.cli import main
+
+    out = tmp_path / "spread"
+    argv = ["convert", "--model", str(tiny_dir), "--feature-map", "favor", "--n-features", "8",
+            "--window", "8", "--sinks", "2", "--fit-length", "64", "--docs", "3", "--holdout",
+            "1", "--rows", "16", "--batch-size", "2", "--steps", "2", "--window-steps", "2",
+            "--finish-steps", "3", "--finish-length", "32", "--finish-docs", "5",
+            "--finish-schedule", "cosine", "--finish-clip", "0.5", "--no-hf",
+            "--out", str(out), "--progress", "none"]
+    assert main(argv) == 0
+    assert "finishing on 5 documents of 32 tokens spread over 2 works" in capsys.readouterr().out
+    res = json.loads((out / "result.json").read_text())
+    assert res["finished"]["documents"] == 5 and len(res["finished"]["trace"]) == 3
+    assert res["config"]["finish_schedule"] == "cosine" and res["config"]["finish_clip"] == 0.5
+    # an old directory: its config lacks the new fields (it ran with their defaults)
+    old = tmp_path / "old"
+    convert_decoder(_config(tiny_dir, finish_steps=2, finish_length=32), old, progress=False,
+                    log=lambda m: None)
+    saved = json.loads((old / "result.json").read_text())
+    for k in ("finish_docs", "finish_schedule", "finish_clip"):
+        del saved["config"][k]
+    (old / "result.json").write_text(json.dumps(saved))
+    logs = []
+    convert_decoder(_config(tiny_dir, finish_steps=2, finish_length=32), old, progress=False,
+                    log=logs.append)
+    assert any("already converted" in m for m in logs)
+    assert main(["convert", "--encoder", "minilm", "--finish-docs", "4"]) == 2
+    assert "apply to --model" in capsys.readouterr().err
+

@@ -53,3 +53,20 @@ def test_token_windows_never_span_two_texts():
     with pytest.raises(ValueError, match="no text holds 50 tokens"):
         token_documents(tok, ["a" * 20], 50)
     assert docs.dtype == torch.long
+
+
+def test_spread_windows_go_round_robin_over_the_texts():
+    """spread=True: every text's first window, then every text's second, ...; the same
+    windows as in order, only reordered, and the first n cover as many texts as possible."""
+    tok = _Chars()
+    texts = ["a" * 30, "b" * 10, "c" * 25]
+    spread = token_documents(tok, texts, 10, spread=True)
+    plain = token_documents(tok, texts, 10)
+    assert [chr(int(d[0])) for d in spread] == ["a", "b", "c", "a", "c", "a"]
+    assert sorted(map(tuple, spread.tolist())) == sorted(map(tuple, plain.tolist()))
+    assert [chr(int(d[0])) for d in token_documents(tok, texts, 10, n=3, spread=True)] == \
+        ["a", "b", "c"]
+    assert [chr(int(d[0])) for d in token_documents(tok, texts, 10, n=3)] == ["a", "a", "a"]
+    with pytest.raises(ValueError, match="no text holds 50 tokens"):
+        token_documents(tok, texts, 50, spread=True)
+
