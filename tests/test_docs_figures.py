@@ -92,6 +92,8 @@ LM = "lm/eval_report.md"
 FIT2048 = "runs/lm/hybrid_hh_langevin_fit2048/lowrank/checkpoint"
 LINEAR = "runs/lm/linear_hh_langevin/lowrank/checkpoint"
 FIN2048 = "runs/lm/hybrid_hh_langevin_fit2048_fin2048/lowrank/checkpoint"
+COS = "runs/lm/hybrid_hh_langevin_fit2048_fin2048cos/lowrank/checkpoint"
+COS64 = "runs/lm/hybrid_hh_langevin_fit2048_fin2048cos64/lowrank/checkpoint"
 MF1 = "meanfield_1d/summary.json"
 MF2 = "meanfield_2d/summary.json"
 MF_ETA = "meanfield_eta/eta{}/summary.json"
@@ -275,6 +277,13 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
         (f"{FIN2048} - streaming:97:4", 8192, "+0.1454 [+0.0042, +0.2865]"))
       for q in _paired(R, LM, text, f"| {pair} |", f"| ppl | {length} |", cell=5, fmt=S4)],
     (R, "1.12", md(LM, f"| {FIN2048} - teacher |", "| ppl | 2048 |", cell=6), "{:.2f}"),
+    # the finishing's recipe: a cosine rate (COS), and documents spread over the works (COS64)
+    *[q for pair, length, text in (
+        (f"{COS} - {FIN2048}", 2048, "+0.0006 [-0.0060, +0.0072]"),
+        (f"{COS64} - {FIN2048}", 2048, "-0.0046 [-0.0190, +0.0098]"),
+        (f"{COS} - {FIN2048}", 8192, "+0.0133 [+0.0096, +0.0170]"),
+        (f"{COS64} - {FIN2048}", 8192, "+0.0459 [+0.0374, +0.0544]"))
+      for q in _paired(R, LM, text, f"| {pair} |", f"| ppl | {length} |", cell=5, fmt=S4)],
     # the mean-field study: particles against the PDE at the end time (1-D W1, 2-D MMD)
     *[(R, text, js(path, *keys), fmt) for path, keys, text, fmt in (
         (MF1, ("mean_distance_by_time", "0.5", 0), "0.1434", F4),
