@@ -277,6 +277,11 @@ QUOTES: list[tuple[str, str, Callable[[], float], str]] = [
         (f"{FIN2048} - streaming:97:4", 8192, "+0.1454 [+0.0042, +0.2865]"))
       for q in _paired(R, LM, text, f"| {pair} |", f"| ppl | {length} |", cell=5, fmt=S4)],
     (R, "1.12", md(LM, f"| {FIN2048} - teacher |", "| ppl | 2048 |", cell=6), "{:.2f}"),
+    # decoding on a quiet machine: decode x teacher and prefill / teacher at 8,192 tokens
+    (R, "1.31", md("lm/bench_quiet/results.md", "| hybrid_hedgehog | 1 | 8192 |", cell=10),
+     "{:.2f}"),
+    (R, "0.73", md("lm/bench_quiet/results.md", "| hybrid_hedgehog | 1 | 8192 |", cell=11),
+     "{:.2f}"),
     # the finishing's recipe: a cosine rate (COS), and documents spread over the works (COS64)
     *[q for pair, length, text in (
         (f"{COS} - {FIN2048}", 2048, "+0.0006 [-0.0060, +0.0072]"),
@@ -427,6 +432,8 @@ QUOTES += [
     (ME, "49.17", md(LM, "| streaming:64:4 |", cell=3), "{:.2f}"),
     (ME, "43.87", md(LM, "| streaming:97:4 |", cell=3), "{:.2f}"),
     (ME, "70.11", md(LM, "| streaming:64:4 |", cell=4), "{:.2f}"),
+    (ME, "1.31", md("lm/bench_quiet/results.md", "| hybrid_hedgehog | 1 | 8192 |", cell=10),
+     "{:.2f}"),
     (ME, "-0.559", js(MF1, "slope"), F3),
     (ME, "-0.500", js(MF2, "slope"), F3),
 ]
