@@ -287,8 +287,8 @@ def test_the_commands_help_copies_agree_with_the_study():
 def test_every_row_of_a_plot_has_its_own_style(n):
     """Twelve rows in one panel once drew two rows in the same colour; each row's (colour,
     line style, marker) is now distinct."""
-    from coulomb_attention.reports.lm_eval import _row_styles
     from coulomb_attention.reports import pyplot
+    from coulomb_attention.reports.lm_eval import _row_styles
 
     styles = _row_styles(pyplot(), [f"row{i}" for i in range(n)])
     keys = {(tuple(s["color"]), s["linestyle"], s["marker"]) for s in styles.values()}

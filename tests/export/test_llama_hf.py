@@ -111,7 +111,8 @@ def test_sampling_with_a_seed_equals_the_slow_path(exported):
 def test_a_prompt_longer_than_the_window_decodes_as_our_parallel_forward(exported):
     """300 prompt tokens (W = 8: the ring buffer wrapped ~37 times), then 40 steps through the
     remote cache: every step's logits equal our parallel forward's over the whole sequence; the
-    linear rows' cache does not grow; generate() from the long prompt equals ours."""
+    linear rows' cache does not grow (the bytes of its storages: after 100 prompt tokens as
+    after 300 and 340); generate() from the long prompt equals ours."""
     row, model, _, hf = exported
     ids = _ids(1, 340, 3)
     with torch.no_grad():
@@ -127,8 +128,10 @@ def test_a_prompt_longer_than_the_window_decodes_as_our_parallel_forward(exporte
     assert err < 1e-4, f"{row}: max |logit difference| {err:.2e}"
     if row == "teacher":
         assert cache.nbytes() > size
-    else:
+    else:  # constant, also in the storages held: nothing keeps the prompt's keys alive
         assert cache.nbytes() == size
+        with torch.no_grad():
+            assert hf(ids[:, :100], use_cache=True).cache.nbytes() == size
     prompt = ids[:, :300]
     assert torch.equal(hf.generate(prompt, max_new_tokens=20, do_sample=False),
                        model.greedy_generate(prompt, 20))

@@ -213,9 +213,15 @@ class CoulombLlamaCache:
         return len(self.layers)
 
     def nbytes(self) -> int:
-        """Bytes held by the tensors of the state."""
-        return sum(t.numel() * t.element_size() for layer in self.layers if layer
-                   for t in layer.values() if isinstance(t, torch.Tensor))
+        """Bytes held by the state: its tensors' distinct storages (a view keeps its whole
+        base alive)."""
+        storages = {}
+        for layer in self.layers:
+            for t in (layer or {}).values():
+                if isinstance(t, torch.Tensor):
+                    st = t.untyped_storage()
+                    storages[(st.device, st.data_ptr())] = st.nbytes()
+        return sum(storages.values())
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Select (and repeat) batch rows of every state tensor (beam search)."""
@@ -377,7 +383,8 @@ class CoulombLlamaAttention(nn.Module):
             ring_v[:, :, (p - S0) % W] = v[:, :, p]
         state = {"kv": None if lin is None else lin["kv"],
                  "shift": None if lin is None else lin["shift"],
-                 "sink_k": k[:, :, :S], "sink_v": v[:, :, :S], "ring_k": ring_k,
+                 # copies: a view would keep the whole prompt's keys and values alive
+                 "sink_k": k[:, :, :S].clone(), "sink_v": v[:, :, :S].clone(), "ring_k": ring_k,
                  "ring_v": ring_v}
         return out, state
 

@@ -154,10 +154,13 @@ def hedgehog_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"the hedgehog map needs an even number of features, got "
                          f"{omega.shape[-2]}")
     dtype = torch.float64 if torch.float64 in (u.dtype, omega.dtype) else torch.float32
-    u, omega = u.to(dtype), omega.to(dtype)
-    half = omega.shape[-2] // 2
-    return torch.cat([torch.softmax(u @ omega[..., :half, :].transpose(-1, -2), -1),
-                      torch.softmax(u @ omega[..., half:, :].transpose(-1, -2), -1)], -1)
+    if u.dtype != dtype:
+        u = u.to(dtype)
+    if omega.dtype != dtype:
+        omega = omega.to(dtype)
+    logits = u @ omega.transpose(-1, -2)  # (..., M): both halves in one matmul
+    halves = logits.unflatten(-1, (2, omega.shape[-2] // 2))
+    return torch.softmax(halves, -1).flatten(-2)
 
 
 def elu_features(u: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:

@@ -35,6 +35,7 @@ from .. import features
 from .._validation import check_choice, check_positive, torch_generator
 from . import functional as AF
 from .dispatch import fused_attend
+from .ops.checks import _no_autocast, held_bytes
 
 __all__ = ["ATTENTION_FEATURES", "HEDGEHOG", "AttentionFeature", "DecodeState", "KVCache",
            "KernelAttention", "trainable_omega", "use_hedgehog_map_"]
@@ -48,7 +49,8 @@ class KVCache(NamedTuple):
     v: torch.Tensor
 
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        """Bytes held by the cache (its storages, :func:`.ops.checks.held_bytes`)."""
+        return held_bytes(self.k, self.v)
 
 
 class DecodeState(NamedTuple):
@@ -559,7 +561,7 @@ class KernelAttention(nn.Module):
         k = q if self.tie_qk else self.keys(x, start)
         v = self.values(x)
         if stateful:
-            with torch.autocast(device_type=q.device.type, enabled=False):
+            with _no_autocast(q):
                 out, inner = self._attend_state(q, k, v, None if state is None else state.inner)
         else:
             out = self.attend(q, k, v, mask)  # (B, H, T, dh)
@@ -636,7 +638,7 @@ class KernelAttention(nn.Module):
         (scaled as by :meth:`queries`), v ``(B, Hk, S, dh)`` -> ``(B, H, T, dh)``."""
         grouped = k.shape[1] != q.shape[1]
         if self.window and self.causal and (self.sinks or grouped):  # window + sinks
-            with torch.autocast(device_type=q.device.type, enabled=False):
+            with _no_autocast(q):
                 if mask is not None:
                     raise ValueError("the causal hybrid with sinks or grouped heads takes no "
                                      "padding mask")
@@ -647,7 +649,7 @@ class KernelAttention(nn.Module):
             # (and each query head its group's particles: _omega_for)
             k, v = self.expand_kv(k), self.expand_kv(v)
         if self.window:  # the sliding-window hybrid (set_window_)
-            with torch.autocast(device_type=q.device.type, enabled=False):
+            with _no_autocast(q):
                 return self._attend_window(q, k, v, mask)
         name = self.feature_map
         if name == "none":  # the no-mixing control: each position's output is its own value
@@ -665,7 +667,7 @@ class KernelAttention(nn.Module):
         if name == "softmax":
             return _sdpa(q, k, v, mask, self.causal)
         # the maps upcast to float32; autocast would undo that inside the matmul q @ omega.T
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        with _no_autocast(q):
             if self.causal:
                 return AF.causal_linear_attention(self._phi(q), self._phi(k), v, mask,
                                                   chunk_size=self.chunk_size)

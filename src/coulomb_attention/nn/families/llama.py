@@ -321,9 +321,30 @@ class RotaryPosition(nn.Module):
         super().__init__()
         self.rotary = RotaryEmbedding(head_dim, theta)
 
+    #: (head_dim, theta, dtype, device) -> (position, R): the last decoding step's rotation as
+    #: one (dh, dh) matrix, shared by every layer (and by queries and keys) of that step.
+    _steps: dict = {}
+
     def forward(self, u: torch.Tensor, start: int) -> torch.Tensor:
+        if u.shape[-2] == 1:  # a decoding step: one matmul instead of six small ops
+            return u @ self.step_matrix(start, u.dtype, u.device)
         cos, sin = self.rotary(start, u.shape[-2], u.device)  # (T, dh) float32
         return apply_rotary(u, cos.to(u.dtype), sin.to(u.dtype))
+
+    def step_matrix(self, position: int, dtype: torch.dtype, device) -> torch.Tensor:
+        """``R`` (dh, dh) with ``u @ R == apply_rotary(u, cos, sin)`` at ``position``:
+        ``diag(cos) + P diag(sin)``, ``P = rotate_half(I)`` (entries 0 and +-1, so each output
+        is the same two products as the elementwise form)."""
+        rot = self.rotary
+        key = (rot.head_dim, rot.theta, dtype, device)
+        hit = self._steps.get(key)
+        if hit is not None and hit[0] == position:
+            return hit[1]
+        cos, sin = rot(position, 1, device)  # (1, dh) float32
+        eye = torch.eye(rot.head_dim, dtype=torch.float32, device=device)
+        R = (torch.diag(cos[0]) + rotate_half(eye) * sin).to(dtype)
+        self._steps[key] = (position, R)
+        return R
 
 
 def make_attention(config: LlamaConfig, feature_map: str = "softmax", n_features: int = 64,

@@ -30,6 +30,7 @@ from .checks import (
     _no_autocast,
     _safe,
     check_key_mask,
+    held_bytes,
 )
 from .favor import _favor_logits, use_quadratic
 from .quadratic import favor_attention_quadratic
@@ -62,8 +63,8 @@ class LinearState(NamedTuple):
     shift: torch.Tensor | None
 
     def nbytes(self) -> int:
-        """Bytes held by the state."""
-        return sum(t.numel() * t.element_size() for t in self if t is not None)
+        """Bytes held by the state (its tensors' storages, :func:`.checks.held_bytes`)."""
+        return held_bytes(*self)
 
 
 def _check_gqa(q, k, v, key_mask, q_name="q", k_name="k") -> int:
@@ -181,6 +182,47 @@ def _scan_one(pq, pk, v1, kv, c):
     return pq @ kv, log_row, kv, c
 
 
+def _features_token(pq, pk, v, kv):
+    """One decoding step of a map without a shift, in the fewest ops (a step is bound by how
+    many small ops it dispatches): the key's features ``pk`` (B, Hk, 1, M) with value ``v``
+    (B, Hk, 1, e) enter the state ``kv`` (B, Hk, M, e + 1) by one ``addcmul`` (``pk`` None:
+    no key enters), then the grouped queries ``pq`` (B, Hk, G, M) read it. Returns ``n``
+    (B, Hk, G, e + 1) (units 1) and the new ``kv``."""
+    if pk is not None:
+        kv = torch.addcmul(kv, pk.transpose(-1, -2),
+                           torch.nn.functional.pad(v, (0, 1), value=1.0))
+    return pq @ kv, kv
+
+
+def _favor_token(qg, k, v, omega, kv, c):
+    """:func:`_features_token` for FAVOR+ from the scaled grouped queries ``qg`` (B, Hk, G, d)
+    and the key ``k`` (B, Hk, 1, d) (None: no key enters) with ``omega`` (1 or Hk, M, d), the
+    state ``kv`` in units ``exp(-c)`` and the running key max ``c`` (B, Hk, 1, M) kept exact
+    (as :func:`_scan_one`). Returns ``n`` in units ``exp(-log_row)``, ``log_row`` (B, Hk, G, 1)
+    (the features' ``1 / sqrt(M)`` each included), the new ``kv`` and ``c``."""
+    omt = omega.transpose(-1, -2).unsqueeze(0)  # (1, 1 or Hk, d, M)
+    if k is not None:
+        a = k @ omt - 0.5 * (k * k).sum(-1, keepdim=True)  # key logits (B, Hk, 1, M)
+        c_new = torch.maximum(c, a)
+        safe = _safe(c_new)
+        kv = torch.addcmul(kv * torch.exp(c - safe).transpose(-1, -2),
+                           torch.exp(a - safe).transpose(-1, -2),
+                           torch.nn.functional.pad(v, (0, 1), value=1.0))
+        c = c_new
+    else:
+        safe = _safe(c)
+    b = qg @ omt - 0.5 * (qg * qg).sum(-1, keepdim=True)  # query logits (B, Hk, G, M)
+    pq, log_row = _exp_rows(b + c, c - safe)
+    return pq @ kv, log_row - math.log(omega.shape[1]), kv, c
+
+
+def _token_path(L, initial_state, key_mask, *tensors) -> bool:
+    """Whether a call of the causal ops is a plain decoding step (:func:`_features_token`,
+    :func:`_favor_token`): one position after a state, no padding, no gradient."""
+    return (L == 1 and initial_state is not None and key_mask is None
+            and not any(t.requires_grad for t in tensors))
+
+
 def _normalise(n: torch.Tensor) -> torch.Tensor:
     """``numerator / denominator`` of :func:`_scan`'s rows (0 for a row without keys)."""
     den = n[..., -1:]
@@ -249,6 +291,11 @@ def causal_linear_attention(
     with _no_autocast(v):
         kv = (v.new_zeros(B, hk, M, e + 1, dtype=dt) if initial_state is None
               else _check_state(initial_state, B, hk, M, e, False, dt).kv)
+        if _token_path(phi_q.shape[2], initial_state, key_mask, phi_q, phi_k, v):
+            G = phi_q.shape[1] // hk
+            n, kv = _features_token(phi_q.to(dt).view(B, hk, G, M), phi_k.to(dt), v.to(dt), kv)
+            out = _normalise(n).view(B, hk * G, 1, e).to(v.dtype)
+            return (out, LinearState(kv, None)) if output_final_state else out
         pq, pk, v1 = _grouped(phi_q.to(dt), phi_k.to(dt), v, key_mask, dt)
         n, _, kv, _ = _scan(pq, pk, v1, chunk, kv.unsqueeze(2))
         out = _ungroup(_normalise(n)).to(v.dtype)
@@ -333,6 +380,15 @@ def causal_favor_attention(
         causal=True)
     with _no_autocast(v):
         om = omega.to(dt)
+        if _token_path(q.shape[2], initial_state, key_mask, q, k, v, om):
+            B, hk, _, d = k.shape
+            kv, c = _check_state(initial_state, B, hk, om.shape[1], v.shape[-1], True, dt)
+            G = q.shape[1] // hk
+            n, _, kv, c = _favor_token(q.to(dt).view(B, hk, G, d), k.to(dt), v.to(dt), om, kv,
+                                       c.unsqueeze(2))
+            out = _normalise(n).view(B, hk * G, 1, v.shape[-1]).to(v.dtype)
+            state = LinearState(kv, c.squeeze(2))
+            return (out, state) if output_final_state else out
         if quadratic:
             out = favor_attention_quadratic(q.to(dt), k.to(dt), v.to(dt), om, key_mask,
                                             causal=True)

@@ -31,12 +31,14 @@ from .causal import (
     LinearState,
     _check_gqa,
     _check_state,
+    _favor_token,
+    _features_token,
     _grouped,
     _scan,
     _ungroup,
     favor_scan,
 )
-from .checks import _TINY, _compute_dtype, _no_autocast
+from .checks import _TINY, _as, _compute_dtype, _no_autocast, held_bytes
 
 __all__ = ["HybridState", "streaming_attention", "naive_streaming_attention"]
 
@@ -64,10 +66,10 @@ class HybridState(NamedTuple):
     seen: int
 
     def nbytes(self) -> int:
-        """Bytes held by the state (constant once ``seen >= S``)."""
-        return (0 if self.linear is None else self.linear.nbytes()) + sum(
-            t.numel() * t.element_size()
-            for t in (self.sink_k, self.sink_v, self.ring_k, self.ring_v))
+        """Bytes held by the state (its tensors' storages, :func:`.checks.held_bytes`;
+        constant once ``seen >= S``)."""
+        return held_bytes(*(() if self.linear is None else self.linear), self.sink_k,
+                          self.sink_v, self.ring_k, self.ring_v)
 
 
 def _check_args(window, sinks, gamma, heads):
@@ -169,7 +171,8 @@ def _parallel(q, k, v, gamma, window, sinks, linear, chunk, linear_on):
     for p in range(max(sinks, L - window), L):
         ring_k[:, :, (p - sinks) % window] = k[:, :, p]
         ring_v[:, :, (p - sinks) % window] = v[:, :, p]
-    return out, HybridState(lstate, k[:, :, :S], v[:, :, :S], ring_k, ring_v, L)
+    # the sinks copied: a view of k would keep the whole prompt's keys alive
+    return out, HybridState(lstate, k[:, :, :S].clone(), v[:, :, :S].clone(), ring_k, ring_v, L)
 
 
 def _continue(q, k, v, gamma, window, sinks, linear, chunk, state, linear_on):
@@ -229,36 +232,104 @@ def _step(q, k, v, gamma, window, sinks, linear, state, linear_on):
     """One position (``L = 1``) after ``state``: ``(out, new_state)``. The key at ``t - W``
     (read from the ring before ``t`` takes its slot) enters the linear state; the exact set is
     the sinks and the ring. The ring is copied, not written in place, so ``state`` stays valid
-    (beam search, a prompt tried twice)."""
+    (beam search, a prompt tried twice).
+
+    The decoding hot path, written in the fewest ops (a step is bound by how many small ops it
+    dispatches, not by their arithmetic): the queries stay grouped ``(B, Hk, G, d)``, the
+    leaving key updates the linear state by one ``addcmul`` (skipped while no key has left),
+    and the exact and linear terms share one row shift without the chunked form's masks."""
+    t = state.seen
+    if t < sinks:
+        return _step_sink(q, k, v, gamma, window, sinks, linear, state, linear_on)
+    B, H, _, d = q.shape
+    hk, e = k.shape[1], v.shape[-1]
+    G = H // hk
+    slot = (t - sinks) % window
+    qg = q.view(B, hk, G, d)
+    lstate, n, log_lin = state.linear, None, None
+    if linear_on:  # the key at t - W leaves the window (into the linear state) ...
+        n, log_lin, lstate = _step_linear(
+            q, qg, state.ring_k[:, :, slot:slot + 1], state.ring_v[:, :, slot:slot + 1],
+            t - window >= sinks, linear, lstate)
+    if t - sinks + 1 >= window:  # a full ring: one cat gives the exact set and the new ring
+        n_sink = state.sink_k.shape[2]
+        kb = torch.cat([state.sink_k, state.ring_k[:, :, :slot], k,  # ... and t enters
+                        state.ring_k[:, :, slot + 1:]], 2)  # (B, Hk, S + W, d)
+        vb = torch.cat([state.sink_v, state.ring_v[:, :, :slot], v,
+                        state.ring_v[:, :, slot + 1:]], 2)
+        ring_k, ring_v = kb[:, :, n_sink:], vb[:, :, n_sink:]
+    else:  # the ring still fills: slots slot + 1 .. W - 1 are not written yet
+        ring_k, ring_v = state.ring_k.clone(), state.ring_v.clone()
+        ring_k[:, :, slot:slot + 1] = k
+        ring_v[:, :, slot:slot + 1] = v
+        kb = torch.cat([state.sink_k, ring_k[:, :, :slot + 1]], 2)  # (B, Hk, K, d)
+        vb = torch.cat([state.sink_v, ring_v[:, :, :slot + 1]], 2)
+    logits = qg @ kb.transpose(-1, -2)  # (B, Hk, G, K)
+    m = logits.amax(-1, keepdim=True)  # finite: key t itself is always exact
+    r = m
+    if linear_on:  # one row shift for both terms (log 0 = -inf: no linear mass yet)
+        lin_log = n[..., -1:].clamp_min(0.0).log()
+        if log_lin is not None:
+            lin_log = lin_log + log_lin
+        r = torch.maximum(m, lin_log)
+    if r.requires_grad:
+        r = r.detach()
+    p = torch.exp(logits - r)
+    g = gamma.view(1, hk, G, 1)
+    num = g * (p @ vb)  # (B, Hk, G, e)
+    den = g * p.sum(-1, keepdim=True)
+    if linear_on:
+        s = torch.exp(-r if log_lin is None else log_lin - r)
+        num = torch.addcmul(num, n[..., :-1], s)
+        den = torch.addcmul(den, n[..., -1:], s)
+    out = (num / den.clamp_min(_TINY)).view(B, H, 1, e)
+    return out, HybridState(lstate, state.sink_k, state.sink_v, ring_k, ring_v, t + 1)
+
+
+def _step_linear(q, qg, k_out, v_out, leaves, linear, lstate):
+    """The linear term of one step: the key ``k_out`` (B, Hk, 1, d) with value ``v_out``
+    enters the state when ``leaves`` (a real key, not a sink), then the grouped queries ``qg``
+    (B, Hk, G, d) read it (:func:`.causal._favor_token`, :func:`.causal._features_token`).
+    Returns ``n`` (B, Hk, G, e + 1) in units ``exp(-log_lin)`` (``log_lin`` None: units 1) and
+    the new :class:`LinearState`."""
+    kind, arg = linear
+    B, hk, G, d = qg.shape
+    e, dt = v_out.shape[-1], qg.dtype
+    if kind == "favor":  # the state in units exp(-c), c the exact running key max
+        M = arg.shape[1]
+        if lstate is None:
+            kv, c = v_out.new_zeros(B, hk, M, e + 1), v_out.new_full((B, hk, M), -math.inf)
+        else:
+            kv, c = _check_state(lstate, B, hk, M, e, True, dt)
+        n, log_lin, kv, c = _favor_token(qg, k_out if leaves else None, v_out, arg, kv,
+                                         c.unsqueeze(2))
+        return n, log_lin, LinearState(kv, c.squeeze(2))
+    phi = arg
+    pq = _as(phi(q), dt)  # (B, H, 1, M): the map sees the heads it was given
+    M = pq.shape[-1]
+    kv = (v_out.new_zeros(B, hk, M, e + 1) if lstate is None
+          else _check_state(lstate, B, hk, M, e, False, dt).kv)
+    pk = _as(phi(k_out), dt) if leaves else None  # (B, Hk, 1, M)
+    n, kv = _features_token(pq.view(B, hk, G, M), pk, v_out, kv)
+    return n, None, LinearState(kv, None)
+
+
+def _step_sink(q, k, v, gamma, window, sinks, linear, state, linear_on):
+    """:func:`_step` while the sinks fill (``t < S``): no key leaves, the exact set is the
+    sinks so far and ``t`` itself."""
     B, H, _, _ = q.shape
     hk = k.shape[1]
     G = H // hk
-    t = state.seen
     lstate, n_lin, log_lin = state.linear, None, None
-    if t >= sinks:
-        slot = (t - sinks) % window
-        if linear_on:  # the key at t - W leaves the window (into the linear state) ...
-            real = torch.full((B, 1), t - window >= sinks, dtype=torch.bool, device=q.device)
-            n_lin, log_lin, lstate = _linear_branch(
-                q, (state.ring_k[:, :, slot:slot + 1], real), state.ring_v[:, :, slot:slot + 1],
-                linear, lstate, 1)
-        ring_k, ring_v = state.ring_k.clone(), state.ring_v.clone()
-        ring_k[:, :, slot:slot + 1] = k  # ... and t enters
-        ring_v[:, :, slot:slot + 1] = v
-        sink_k, sink_v = state.sink_k, state.sink_v
-        full = t - sinks + 1 >= window
-        kb = torch.cat([sink_k, ring_k if full else ring_k[:, :, :t - sinks + 1]], 2)
-        vb = torch.cat([sink_v, ring_v if full else ring_v[:, :, :t - sinks + 1]], 2)
-    else:
-        if linear_on:  # no key leaves: the linear term is the state's
-            none = torch.zeros(B, 1, dtype=torch.bool, device=q.device)
-            n_lin, log_lin, lstate = _linear_branch(q, (k, none), v, linear, lstate, 1)
-        ring_k, ring_v = state.ring_k, state.ring_v  # untouched until the sinks are full
-        kb = sink_k = torch.cat([state.sink_k, k], 2)
-        vb = sink_v = torch.cat([state.sink_v, v], 2)
+    if linear_on:  # no key leaves: the linear term is the state's
+        none = torch.zeros(B, 1, dtype=torch.bool, device=q.device)
+        n_lin, log_lin, lstate = _linear_branch(q, (k, none), v, linear, lstate, 1)
+    kb = sink_k = torch.cat([state.sink_k, k], 2)
+    vb = sink_v = torch.cat([state.sink_v, v], 2)
     logits = q.view(B, hk, G, 1, -1) @ kb.unsqueeze(2).transpose(-1, -2)  # (B, Hk, G, 1, K)
     out = _combine(logits, None, vb.unsqueeze(2), n_lin, log_lin, gamma, linear_on)
-    return _ungroup(out), HybridState(lstate, sink_k, sink_v, ring_k, ring_v, t + 1)
+    return _ungroup(out), HybridState(lstate, sink_k, sink_v, state.ring_k, state.ring_v,
+                                      state.seen + 1)
 
 
 def streaming_attention(
@@ -311,9 +382,9 @@ def streaming_attention(
     dt = _compute_dtype(v)
     spec = None
     if linear:
-        spec = ("favor", omega.to(dt)) if omega is not None else ("features", phi)
+        spec = ("favor", _as(omega, dt)) if omega is not None else ("features", phi)
     with _no_autocast(v):
-        q, k, vv, gamma = q.to(dt), k.to(dt), v.to(dt), gamma.to(dt)
+        q, k, vv, gamma = _as(q, dt), _as(k, dt), _as(v, dt), _as(gamma, dt)
         if initial_state is None:
             out, state = _parallel(q, k, vv, gamma, window, sinks, spec, chunk_size, linear)
         elif q.shape[2] == 1:  # one decoding step
@@ -321,7 +392,7 @@ def streaming_attention(
         else:  # a block after a state (a prompt after a conversation, chunked prefill)
             out, state = _continue(q, k, vv, gamma, window, sinks, spec, chunk_size,
                                    initial_state, linear)
-    out = out.to(v.dtype)
+    out = _as(out, v.dtype)
     return (out, state) if output_final_state else out
 
 
