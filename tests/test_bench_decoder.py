@@ -70,6 +70,28 @@ def test_files_hold_the_table(summary):
     assert "No verdict: the targets need the teacher and L = 8192" in md
 
 
+def test_decode_steps_are_interleaved_across_rows():
+    """A cell prefills each row in turn, then takes step i of every row before step i + 1 of
+    any (so drifting load hits every row alike); a row past the teacher's positions is left
+    out of the cell, the others still run."""
+    teacher = bd.random_model(TINY, 0)
+    cfg = _cfg(decode_steps=3, warmup_steps=1)
+    models = {r: teacher if bd.ROWS[r] is None else bd._converted(teacher, bd.ROWS[r], cfg)
+              for r in ("teacher", "hybrid_hedgehog", "favor")}
+    calls = []
+    for name, m in models.items():
+        m.register_forward_pre_hook(
+            lambda mod, args, kwargs, name=name: calls.append(name), with_kwargs=True)
+    rows = bd._cell(models, 48, 1, cfg, torch.device("cpu"), torch.Generator().manual_seed(0))
+    assert calls == ["teacher", "hybrid_hedgehog", "favor"] * 4  # the prefills call no forward
+    assert [r["row"] for r in rows] == list(models)
+    assert all(r["prefill_tokens"] == 44 and r["decode_ms"] > 0 for r in rows)
+    calls.clear()
+    long = bd._cell(models, 200, 1, cfg, torch.device("cpu"), torch.Generator().manual_seed(0))
+    assert [r["row"] for r in long] == ["hybrid_hedgehog", "favor"]
+    assert calls == ["hybrid_hedgehog", "favor"] * 4
+
+
 def test_prefill_equals_the_forward_without_the_prompt_logits():
     model = bd.random_model(TINY, 1)
     ids = torch.randint(0, 64, (2, 30), generator=torch.Generator().manual_seed(0))

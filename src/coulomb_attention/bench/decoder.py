@@ -1,9 +1,12 @@
 """Decoding speed and state size of a llama decoder: the teacher (exact softmax, its state the
 KV cache) against converted rows (the window + sinks hybrid, pure linear attention), issue 47.
 
-Every row runs in one process with the same threads, interleaved per cell (context ``L``,
-batch ``B``): the teacher, then each converted row, so load that drifts during the run hits all
-rows of a cell alike and the ratios are comparable.
+Every row runs in one process with the same threads, cell by cell (context ``L``, batch
+``B``): each row prefills the cell's prompt in turn, then the rows' decode steps are
+interleaved (step ``i`` of every row before step ``i + 1`` of any; :func:`_cell`), so load that
+drifts during the run hits all rows of a cell alike and the decode ratios compare steps taken
+seconds apart. (Before session 13 each row decoded all its steps before the next row started;
+on a shared CPU the teacher's step then varied 180-258 ms from run to run.)
 
 One cell of one row
 -------------------
@@ -13,7 +16,8 @@ One cell of one row
   generating, and at ``B = 8``, ``L = 32768`` they would be 51 GB); the median of up to
   ``prefill_repeats`` calls (one call when it takes over a second);
 - **decode**: ``n`` greedy steps through the states (``model(next, states=, output_states=
-  True)``, one token each), so the last step reads a context of ``L`` tokens; the median over
+  True)``, one token each, interleaved with the other rows' steps), so the last step reads a
+  context of ``L`` tokens; the median over
   the ``decode_steps`` timed steps after ``warmup_steps`` untimed ones, in ms per step; tokens/s
   = ``B`` / median step time;
 - **state**: :meth:`LlamaForCausalLM.state_bytes` after the last step (position ``L``) beside
@@ -218,37 +222,63 @@ def _free(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def _measure(model: LlamaForCausalLM, L: int, B: int, cfg: DecoderBenchConfig,
-             device: torch.device, gen: torch.Generator) -> dict[str, Any]:
-    """One cell of one row: prefill of ``L - n`` tokens, then ``n`` decode steps."""
+def _cell(models: dict[str, LlamaForCausalLM], L: int, B: int, cfg: DecoderBenchConfig,
+          device: torch.device, gen: torch.Generator) -> list[dict[str, Any]]:
+    """One cell (``L``, ``B``) of every row: each row prefills the same ``L - n`` random tokens
+    in turn, then the ``n`` decode steps are interleaved (step ``i`` of every row before step
+    ``i + 1`` of any), so that the load the machine sees while decoding hits every row alike
+    and the decode ratios pair steps taken seconds apart, not minutes. A row that fails (out of
+    memory among them) gets an ``error`` and leaves the others running."""
     n = cfg.warmup_steps + cfg.decode_steps
-    ids = torch.randint(0, model.config.vocab_size, (B, L - n), generator=gen).to(device)
-    times = []
-    for _ in range(cfg.prefill_repeats):
-        states = None  # the previous state is freed before the next prefill
-        _sync(device)
-        t0 = time.perf_counter()
-        logits, states = prefill(model, ids)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-        if times[0] > 1.0:
-            break
-    steps = []
+    vocab = next(iter(models.values())).config.vocab_size
+    ids = torch.randint(0, vocab, (B, L - n), generator=gen).to(device)
+    rows: dict[str, dict[str, Any]] = {}
+    live: dict[str, list] = {}  # name -> [model, logits, states, step seconds]
+    for name, model in models.items():
+        if ROWS.get(name, 0) is None and L > model.config.max_positions:
+            continue  # the teacher stops at its positions
+        row = rows[name] = {"row": name, "L": L, "B": B}
+        try:
+            times = []
+            for _ in range(cfg.prefill_repeats):
+                states = None  # the previous state is freed before the next prefill
+                _sync(device)
+                t0 = time.perf_counter()
+                logits, states = prefill(model, ids)
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+                if times[0] > 1.0:
+                    break
+        except (RuntimeError, MemoryError) as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            _free(device)
+            continue
+        row.update(prefill_s=statistics.median(times), prefill_repeats=len(times),
+                   prefill_tokens=L - n)
+        live[name] = [model, logits, states, []]
     for i in range(n):
-        nxt = logits.argmax(-1, keepdim=True)  # (B, 1) greedy
-        _sync(device)
-        t0 = time.perf_counter()
-        out, states = model(nxt, states=states, output_states=True)
-        _sync(device)
-        if i >= cfg.warmup_steps:
-            steps.append(time.perf_counter() - t0)
-        logits = out[:, -1]
-    assert states[0].position == L
-    step_s = statistics.median(steps)
-    return {"prefill_s": statistics.median(times), "prefill_repeats": len(times),
-            "prefill_tokens": L - n, "decode_ms": 1e3 * step_s,
-            "decode_ms_min": 1e3 * min(steps), "tokens_per_s": B / step_s,
-            "state_bytes": model.state_bytes(states)}
+        for name in list(live):
+            model, logits, states, steps = live[name]
+            nxt = logits.argmax(-1, keepdim=True)  # (B, 1) greedy
+            try:
+                _sync(device)
+                t0 = time.perf_counter()
+                out, states = model(nxt, states=states, output_states=True)
+                _sync(device)
+            except (RuntimeError, MemoryError) as exc:
+                rows[name]["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                del live[name]
+                _free(device)
+                continue
+            if i >= cfg.warmup_steps:
+                steps.append(time.perf_counter() - t0)
+            live[name][1:3] = out[:, -1], states
+    for name, (model, _, states, steps) in live.items():
+        assert states[0].position == L
+        step_s = statistics.median(steps)
+        rows[name].update(decode_ms=1e3 * step_s, decode_ms_min=1e3 * min(steps),
+                          tokens_per_s=B / step_s, state_bytes=model.state_bytes(states))
+    return list(rows.values())
 
 
 _NO_TARGETS = f"the targets need the teacher and L = {TARGET_LENGTH}"
@@ -286,8 +316,7 @@ def run_benchmark(cfg: DecoderBenchConfig, out: str | Path | None = None, *,
         f"{load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}; rows {', '.join(cfg.rows)}")
     gen = torch.Generator().manual_seed(cfg.seed)
     warm = replace(cfg, prefill_repeats=1, decode_steps=2, warmup_steps=0)
-    for m in models.values():  # thread pools, first allocations, kernels: not charged to a cell
-        _measure(m, 34, 1, warm, device, gen)
+    _cell(models, 34, 1, warm, device, gen)  # thread pools, first allocations: not charged
     rows, skipped = [], []
     for L in cfg.lengths:
         for B in cfg.batches:
@@ -295,14 +324,7 @@ def run_benchmark(cfg: DecoderBenchConfig, out: str | Path | None = None, *,
                 skipped.append({"L": L, "B": B, "reason": "time budget spent"})
                 log(f"L={L} B={B}: skipped (time budget {cfg.budget_s:.0f} s spent)")
                 continue
-            for name, m in models.items():
-                row = {"row": name, "L": L, "B": B}
-                if ROWS[name] is None and L > config.max_positions:
-                    continue  # the teacher stops at its positions
-                try:
-                    row.update(_measure(m, L, B, cfg, device, gen))
-                except (RuntimeError, MemoryError) as exc:  # out of memory among them
-                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            for row in _cell(models, L, B, cfg, device, gen):
                 _free(device)
                 row["kv_bytes"] = kv_cache_bytes(config, L, B, dtype)
                 if "state_bytes" in row:

@@ -209,10 +209,10 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
         log(f"{art.root}: reusing its transfer row; finishing it ({config.finish_steps} steps)")
         teacher, tok = load(config.model)
         student, _ = load(art.checkpoint)
-        docs, _ = _documents(config, tok, data_dir, texts, log)
+        docs, _, texts_list = _documents(config, tok, data_dir, texts, log)
         result = {**result, "config": stamp,
                   "finished": _finish_stage(config, student, teacher, docs, tok, art, log,
-                                            data_dir=data_dir, texts=texts)}
+                                            texts_list=texts_list)}
         art.write_result(result)
         return result
     if force:
@@ -228,7 +228,7 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
         raise ValueError(f"window + sinks = {config.window + config.sinks} leave no key to the "
                          f"linear term in documents of {config.fit_length} tokens")
     student = _build(teacher, config)
-    docs, source = _documents(config, tok, data_dir, texts, log)
+    docs, source, texts_list = _documents(config, tok, data_dir, texts, log)
     records: list[dict] = []
     t_fit = time.perf_counter()
     if config.learned and config.linear:
@@ -262,7 +262,7 @@ def convert_decoder(config: DecoderConfig, out: str | os.PathLike, *, data_dir=N
     art.clear_state()
     if config.finish_steps:
         result["finished"] = _finish_stage(config, student, teacher, docs, tok, art, log,
-                                           data_dir=data_dir, texts=texts)
+                                           texts_list=texts_list)
         result["time_s"]["total"] = time.perf_counter() - t_start
         art.write_result(result)
     return result
@@ -420,7 +420,8 @@ def _transfer(stamp: dict) -> dict:
 
 
 def _documents(config: DecoderConfig, tok, data_dir, texts, log):
-    """The training and held-out documents ``(n, fit_length)`` and their source."""
+    """The training and held-out documents ``(n, fit_length)``, their source, and the
+    training texts (read once: the finishing's spread documents cut them again)."""
     from ..data import long_texts, token_documents
 
     texts_list, source = long_texts("train", data_dir, texts)
@@ -432,17 +433,16 @@ def _documents(config: DecoderConfig, tok, data_dir, texts, log):
     if docs.shape[0] < n:
         log(f"note: {docs.shape[0]} documents of {config.fit_length} tokens available, "
             f"{n} asked for")
-    return docs, source
+    return docs, source, texts_list
 
 
-def _finishing_documents(config: DecoderConfig, tok, docs, data_dir, texts, log):
+def _finishing_documents(config: DecoderConfig, tok, docs, texts_list, log):
     """The finishing's documents: the training documents' first ``finish_length`` tokens, or
-    with ``finish_docs`` that many windows spread over all the training works."""
-    from ..data import long_texts, token_documents
+    with ``finish_docs`` that many windows spread over all the training texts."""
+    from ..data import token_documents
 
     if not config.finish_docs:
         return docs[:config.n_docs, :config.finish_length]
-    texts_list, _ = long_texts("train", data_dir, texts)
     fdocs = token_documents(tok, texts_list, config.finish_length, n=config.finish_docs,
                             spread=True)
     log(f"finishing on {fdocs.shape[0]} documents of {config.finish_length} tokens spread "
@@ -451,14 +451,14 @@ def _finishing_documents(config: DecoderConfig, tok, docs, data_dir, texts, log)
 
 
 def _finish_stage(config, student, teacher, docs, tok, art: Artifact, log, *,
-                  data_dir=None, texts=None) -> dict:
+                  texts_list=()) -> dict:
     """The finishing (its own row in ``lowrank/``; the transfer row stays in
     ``checkpoint/``), on :func:`_finishing_documents`."""
     from ..nn.families.llama import save_pretrained
 
     t0 = time.perf_counter()
     stamp = dataclasses.asdict(config)
-    fdocs = _finishing_documents(config, tok, docs, data_dir, texts, log)
+    fdocs = _finishing_documents(config, tok, docs, texts_list, log)
     trace = finish_decoder(student, teacher, fdocs, steps=config.finish_steps,
                            lr=config.finish_lr, lora_rank=config.lora_rank,
                            schedule=config.finish_schedule, clip=config.finish_clip,
