@@ -4,8 +4,8 @@ W = 64, S = 4, M = 64, random weights, then the vocabulary head), eager against
 
 Not the library's code path: a bound on what compiling the step could gain on this CPU.
 Usage: ``python experiments/compile_step_probe.py [THREADS]``. Session 13 (AMD EPYC, 2 cores):
-eager 115 -> compiled 100 ms/token at one thread, 101 -> 89 at two (about 12%), the compile
-14-17 s; the matmuls alone 74 ms at two threads.
+eager 87.3 -> compiled 75.0 ms/token at one thread (matmuls alone 62.7); at two threads, two
+runs, 97.7 -> 73.4 and 86.1 -> 68.6 (matmuls alone 58.6 and 60.6); the compile 3-8 s.
 """
 
 from __future__ import annotations
