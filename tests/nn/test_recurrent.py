@@ -303,3 +303,35 @@ def test_one_position_scan_equals_the_block_scan(favor):
         fin = torch.isfinite(a)
         assert torch.allclose(a[fin], b.detach()[fin], rtol=1e-12, atol=1e-12)
     assert torch.isfinite(fast[0]).all() and (fast[0][..., -1] >= 0).all()
+
+
+@pytest.mark.parametrize("favor", [True, False])
+def test_one_token_step_takes_non_contiguous_inputs(favor):
+    """The plain decoding step (one position after a state, no gradient) on strided
+    (non-contiguous) queries and keys gives the contiguous inputs' output and state."""
+    g = _gen(13)
+    B, H, hk, d, e, M = 2, 4, 2, 6, 5, 8
+
+    def strided(*shape):  # every other element of the last axis: not contiguous
+        return torch.randn(*shape[:-1], 2 * shape[-1], generator=g, dtype=torch.float64)[..., ::2]
+
+    v = torch.randn(B, hk, 3, e, generator=g, dtype=torch.float64)
+    if favor:
+        q, k = strided(B, H, 3, d), strided(B, hk, 3, d)
+        om = torch.randn(hk, M, d, generator=g, dtype=torch.float64)
+        _, st = AF.causal_favor_attention(q[:, :, :2], k[:, :, :2], v[:, :, :2], om,
+                                          output_final_state=True)
+        step = lambda a, b: AF.causal_favor_step(a, b, v[:, :, 2:], om, st)  # noqa: E731
+    else:
+        q, k = strided(B, H, 3, M).abs(), strided(B, hk, 3, M).abs()
+        _, st = AF.causal_linear_attention(q[:, :, :2], k[:, :, :2], v[:, :, :2],
+                                           output_final_state=True)
+        step = lambda a, b: AF.causal_linear_step(a, b, v[:, :, 2:], st)  # noqa: E731
+    a, b = q[:, :, 2:], k[:, :, 2:]
+    assert not (a.is_contiguous() or b.is_contiguous())
+    (out, state), (ref, ref_state) = step(a, b), step(a.contiguous(), b.contiguous())
+    assert torch.allclose(out, ref, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(state.kv, ref_state.kv, rtol=1e-12, atol=1e-12)
+    full = (AF.causal_favor_attention(q, k, v, om) if favor
+            else AF.causal_linear_attention(q, k, v))
+    assert rel_err(out, full[:, :, 2:]) < 1e-10

@@ -293,8 +293,8 @@ def causal_linear_attention(
               else _check_state(initial_state, B, hk, M, e, False, dt).kv)
         if _token_path(phi_q.shape[2], initial_state, key_mask, phi_q, phi_k, v):
             G = phi_q.shape[1] // hk
-            n, kv = _features_token(phi_q.to(dt).view(B, hk, G, M), phi_k.to(dt), v.to(dt), kv)
-            out = _normalise(n).view(B, hk * G, 1, e).to(v.dtype)
+            n, kv = _features_token(phi_q.to(dt).reshape(B, hk, G, M), phi_k.to(dt), v.to(dt), kv)
+            out = _normalise(n).reshape(B, hk * G, 1, e).to(v.dtype)
             return (out, LinearState(kv, None)) if output_final_state else out
         pq, pk, v1 = _grouped(phi_q.to(dt), phi_k.to(dt), v, key_mask, dt)
         n, _, kv, _ = _scan(pq, pk, v1, chunk, kv.unsqueeze(2))
@@ -384,9 +384,9 @@ def causal_favor_attention(
             B, hk, _, d = k.shape
             kv, c = _check_state(initial_state, B, hk, om.shape[1], v.shape[-1], True, dt)
             G = q.shape[1] // hk
-            n, _, kv, c = _favor_token(q.to(dt).view(B, hk, G, d), k.to(dt), v.to(dt), om, kv,
+            n, _, kv, c = _favor_token(q.to(dt).reshape(B, hk, G, d), k.to(dt), v.to(dt), om, kv,
                                        c.unsqueeze(2))
-            out = _normalise(n).view(B, hk * G, 1, v.shape[-1]).to(v.dtype)
+            out = _normalise(n).reshape(B, hk * G, 1, v.shape[-1]).to(v.dtype)
             state = LinearState(kv, c.squeeze(2))
             return (out, state) if output_final_state else out
         if quadratic:

@@ -245,7 +245,7 @@ def _step(q, k, v, gamma, window, sinks, linear, state, linear_on):
     hk, e = k.shape[1], v.shape[-1]
     G = H // hk
     slot = (t - sinks) % window
-    qg = q.view(B, hk, G, d)
+    qg = q.reshape(B, hk, G, d)
     lstate, n, log_lin = state.linear, None, None
     if linear_on:  # the key at t - W leaves the window (into the linear state) ...
         n, log_lin, lstate = _step_linear(
@@ -282,7 +282,7 @@ def _step(q, k, v, gamma, window, sinks, linear, state, linear_on):
         s = torch.exp(-r if log_lin is None else log_lin - r)
         num = torch.addcmul(num, n[..., :-1], s)
         den = torch.addcmul(den, n[..., -1:], s)
-    out = (num / den.clamp_min(_TINY)).view(B, H, 1, e)
+    out = (num / den.clamp_min(_TINY)).reshape(B, H, 1, e)
     return out, HybridState(lstate, state.sink_k, state.sink_v, ring_k, ring_v, t + 1)
 
 
@@ -310,7 +310,7 @@ def _step_linear(q, qg, k_out, v_out, leaves, linear, lstate):
     kv = (v_out.new_zeros(B, hk, M, e + 1) if lstate is None
           else _check_state(lstate, B, hk, M, e, False, dt).kv)
     pk = _as(phi(k_out), dt) if leaves else None  # (B, Hk, 1, M)
-    n, kv = _features_token(pq.view(B, hk, G, M), pk, v_out, kv)
+    n, kv = _features_token(pq.reshape(B, hk, G, M), pk, v_out, kv)
     return n, None, LinearState(kv, None)
 
 
