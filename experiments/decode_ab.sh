@@ -6,7 +6,9 @@
 # for OLD_COMMIT ("old"), new first and last: new_1, old_1, new_2, ..., new_RUNS under OUT
 # (default runs/bench_ab). The teacher's step varies a lot between runs on a shared CPU (its
 # 360 MB KV cache is copied at every step), so compare each run's ratios and the converted
-# rows' own ms/token, not one run. Session 13's runs: docs/results/lm/bench_lean/ab/.
+# rows' own ms/token, not one run. Each version runs its own benchmark: from commit 5ea9911 on
+# it interleaves the rows' decode steps, before that each row decoded all its steps in turn.
+# Session 13's runs (both versions before 5ea9911): docs/results/lm/bench_lean/ab/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old=${1:?usage: experiments/decode_ab.sh OLD_COMMIT [RUNS] [OUT]}
