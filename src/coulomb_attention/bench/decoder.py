@@ -221,6 +221,11 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _error(exc: BaseException) -> str:
+    """A failed row's ``error``: the exception's type and first line."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+
 @torch.no_grad()
 def _cell(models: dict[str, LlamaForCausalLM], L: int, B: int, cfg: DecoderBenchConfig,
           device: torch.device, gen: torch.Generator) -> list[dict[str, Any]]:
@@ -249,8 +254,8 @@ def _cell(models: dict[str, LlamaForCausalLM], L: int, B: int, cfg: DecoderBench
                 times.append(time.perf_counter() - t0)
                 if times[0] > 1.0:
                     break
-        except (RuntimeError, MemoryError) as exc:
-            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        except (RuntimeError, MemoryError) as exc:  # out of memory among them
+            row["error"] = _error(exc)
             _free(device)
             continue
         row.update(prefill_s=statistics.median(times), prefill_repeats=len(times),
@@ -266,7 +271,7 @@ def _cell(models: dict[str, LlamaForCausalLM], L: int, B: int, cfg: DecoderBench
                 out, states = model(nxt, states=states, output_states=True)
                 _sync(device)
             except (RuntimeError, MemoryError) as exc:
-                rows[name]["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                rows[name]["error"] = _error(exc)
                 del live[name]
                 _free(device)
                 continue

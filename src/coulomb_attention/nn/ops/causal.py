@@ -165,60 +165,55 @@ def _scan(pq, pk, v1, chunk, kv, c=None):
 
 def _scan_one(pq, pk, v1, kv, c):
     """:func:`_scan` at one position (a decoding step), in the fewest ops: the key enters the
-    state first and the query reads the new state (``s <= t``). FAVOR+: the running max takes
-    the key's logits, and the prefix max up to the row is ``c_new`` itself, so the row shift
-    is :func:`_exp_rows` with ``rel = c_new - _safe(c_new)``. Same arguments and results as
-    :func:`_scan`; taken only when no input needs a gradient (the block scan detaches its
-    shifts for the backward, this one has none)."""
+    state first (one ``addcmul``) and the query reads the new state (``s <= t``). FAVOR+: the
+    running max takes the key's logits, and the prefix max up to the row is ``c_new`` itself,
+    so the row shift is :func:`_exp_rows` with ``rel = c_new - _safe(c_new)``. Same arguments
+    and results as :func:`_scan`, with any leading shape (the decoding steps pass the grouped
+    (B, Hk, G, M) queries, (B, Hk, 1, M) keys); ``pk`` None: no key enters. Taken only when no
+    input needs a gradient (the block scan detaches its shifts for the backward, this one has
+    none)."""
     log_row = None
     if c is not None:
-        c_new = torch.maximum(c, pk)  # (B, Hk, 1, 1, M)
-        safe = _safe(c_new)
-        kv = kv * torch.exp(c - safe).transpose(-1, -2)
-        pk = torch.exp(pk - safe)
-        pq, log_row = _exp_rows(pq + c_new, c_new - safe)
-        c = c_new
-    kv = kv + pk.transpose(-1, -2) @ v1  # (B, Hk, 1, M, e + 1)
+        if pk is not None:
+            c_new = torch.maximum(c, pk)  # (..., 1, M)
+            safe = _safe(c_new)
+            kv = kv * torch.exp(c - safe).transpose(-1, -2)
+            pk = torch.exp(pk - safe)
+            c = c_new
+        else:
+            safe = _safe(c)
+        pq, log_row = _exp_rows(pq + c, c - safe)
+    if pk is not None:
+        kv = torch.addcmul(kv, pk.transpose(-1, -2), v1)  # (..., M, e + 1)
     return pq @ kv, log_row, kv, c
 
 
-def _features_token(pq, pk, v, kv):
-    """One decoding step of a map without a shift, in the fewest ops (a step is bound by how
-    many small ops it dispatches): the key's features ``pk`` (B, Hk, 1, M) with value ``v``
-    (B, Hk, 1, e) enter the state ``kv`` (B, Hk, M, e + 1) by one ``addcmul`` (``pk`` None:
-    no key enters), then the grouped queries ``pq`` (B, Hk, G, M) read it. Returns ``n``
-    (B, Hk, G, e + 1) (units 1) and the new ``kv``."""
-    if pk is not None:
-        kv = torch.addcmul(kv, pk.transpose(-1, -2),
-                           torch.nn.functional.pad(v, (0, 1), value=1.0))
-    return pq @ kv, kv
-
-
 def _favor_token(qg, k, v, omega, kv, c):
-    """:func:`_features_token` for FAVOR+ from the scaled grouped queries ``qg`` (B, Hk, G, d)
-    and the key ``k`` (B, Hk, 1, d) (None: no key enters) with ``omega`` (1 or Hk, M, d), the
-    state ``kv`` in units ``exp(-c)`` and the running key max ``c`` (B, Hk, 1, M) kept exact
-    (as :func:`_scan_one`). Returns ``n`` in units ``exp(-log_row)``, ``log_row`` (B, Hk, G, 1)
-    (the features' ``1 / sqrt(M)`` each included), the new ``kv`` and ``c``."""
+    """A FAVOR+ decoding step (:func:`_scan_one` on the logits) from the scaled grouped queries
+    ``qg`` (B, Hk, G, d) and the key ``k`` (B, Hk, 1, d) with value ``v`` (``k`` None: no key
+    enters) with ``omega`` (1 or Hk, M, d), the state ``kv`` (B, Hk, M, e + 1) in units
+    ``exp(-c)`` and the running key max ``c`` (B, Hk, 1, M). Returns ``n`` (B, Hk, G, e + 1) in
+    units ``exp(-log_row)``, ``log_row`` (the features' ``1 / sqrt(M)`` each included), the
+    new ``kv`` and ``c``."""
     omt = omega.transpose(-1, -2).unsqueeze(0)  # (1, 1 or Hk, d, M)
+    a = v1 = None
     if k is not None:
         a = k @ omt - 0.5 * (k * k).sum(-1, keepdim=True)  # key logits (B, Hk, 1, M)
-        c_new = torch.maximum(c, a)
-        safe = _safe(c_new)
-        kv = torch.addcmul(kv * torch.exp(c - safe).transpose(-1, -2),
-                           torch.exp(a - safe).transpose(-1, -2),
-                           torch.nn.functional.pad(v, (0, 1), value=1.0))
-        c = c_new
-    else:
-        safe = _safe(c)
+        v1 = _with_one(v)
     b = qg @ omt - 0.5 * (qg * qg).sum(-1, keepdim=True)  # query logits (B, Hk, G, M)
-    pq, log_row = _exp_rows(b + c, c - safe)
-    return pq @ kv, log_row - math.log(omega.shape[1]), kv, c
+    n, log_row, kv, c = _scan_one(b, a, v1, kv, c)
+    return n, log_row - math.log(omega.shape[1]), kv, c
+
+
+def _with_one(v: torch.Tensor) -> torch.Tensor:
+    """``[v, 1]``: the value and the normaliser's column."""
+    return torch.nn.functional.pad(v, (0, 1), value=1.0)
 
 
 def _token_path(L, initial_state, key_mask, *tensors) -> bool:
-    """Whether a call of the causal ops is a plain decoding step (:func:`_features_token`,
-    :func:`_favor_token`): one position after a state, no padding, no gradient."""
+    """Whether a call of the causal ops is a plain decoding step (:func:`_scan_one` on the
+    grouped heads, :func:`_favor_token`): one position after a state, no padding, no
+    gradient."""
     return (L == 1 and initial_state is not None and key_mask is None
             and not any(t.requires_grad for t in tensors))
 
@@ -233,7 +228,7 @@ def _grouped(pq, pk, v, key_mask, dt):
     """Queries (B, H, L, M) -> (B, Hk, G, L, M); keys -> (B, Hk, 1, L, M); ``[v, 1]`` masked."""
     B, H, L, _ = pq.shape
     hk = pk.shape[1]
-    v1 = torch.cat([v.to(dt), v.new_ones(v.shape[:-1] + (1,), dtype=dt)], dim=-1)
+    v1 = _with_one(v.to(dt))
     if key_mask is not None:
         v1 = v1 * key_mask[:, None, :, None].to(dt)  # padded keys: no value, no weight
     return pq.reshape(B, hk, H // hk, L, -1), pk.unsqueeze(2), v1.unsqueeze(2)
@@ -293,7 +288,8 @@ def causal_linear_attention(
               else _check_state(initial_state, B, hk, M, e, False, dt).kv)
         if _token_path(phi_q.shape[2], initial_state, key_mask, phi_q, phi_k, v):
             G = phi_q.shape[1] // hk
-            n, kv = _features_token(phi_q.to(dt).reshape(B, hk, G, M), phi_k.to(dt), v.to(dt), kv)
+            n, _, kv, _ = _scan_one(phi_q.to(dt).reshape(B, hk, G, M), phi_k.to(dt),
+                                    _with_one(v.to(dt)), kv, None)
             out = _normalise(n).reshape(B, hk * G, 1, e).to(v.dtype)
             return (out, LinearState(kv, None)) if output_final_state else out
         pq, pk, v1 = _grouped(phi_q.to(dt), phi_k.to(dt), v, key_mask, dt)

@@ -32,10 +32,11 @@ from .causal import (
     _check_gqa,
     _check_state,
     _favor_token,
-    _features_token,
     _grouped,
     _scan,
+    _scan_one,
     _ungroup,
+    _with_one,
     favor_scan,
 )
 from .checks import _TINY, _as, _compute_dtype, _no_autocast, held_bytes
@@ -84,9 +85,10 @@ def _check_args(window, sinks, gamma, heads):
 
 def _linear_branch(q, k, v, linear, state, chunk):
     """The rest term over the (already delayed, masked) keys: ``(n, log_row, new_state)``
-    with ``n`` (B, Hk, G, L, e + 1) in units ``exp(-log_row)`` (``log_row`` 0 for maps without
-    a shift). ``linear`` is ``("favor", omega)`` or ``("features", phi)`` with ``phi`` a
-    function of (B, *, L, d) -> (B, *, L, M); ``k``/``v`` carry the key mask as a tuple."""
+    with ``n`` (B, Hk, G, L, e + 1) in units ``exp(-log_row)`` (``log_row`` None for maps
+    without a shift: units 1). ``linear`` is ``("favor", omega)`` or ``("features", phi)``
+    with ``phi`` a function of (B, *, L, d) -> (B, *, L, M); ``k``/``v`` carry the key mask
+    as a tuple."""
     k, key_mask = k
     kind, arg = linear
     dt = q.dtype
@@ -99,32 +101,34 @@ def _linear_branch(q, k, v, linear, state, chunk):
           else _check_state(state, B, hk, M, e, False, dt).kv)
     gq, gk, v1 = _grouped(pq, pk, v, key_mask, dt)
     n, _, kv, _ = _scan(gq, gk, v1, chunk, kv.unsqueeze(2))
-    return n, torch.zeros_like(n[..., :1]), LinearState(kv.squeeze(2), None)
+    return n, None, LinearState(kv.squeeze(2), None)
 
 
 def _combine(logits, allowed, vals, n_lin, log_lin, gamma, linear_on):
-    """``out`` from the exact logits (B, Hk, G, L, K) over ``allowed`` keys (``None``: all)
-    with values ``vals`` (B, Hk, 1, K, e) and the linear branch's ``n_lin`` in units
-    ``exp(-log_lin)``: one row shift ``r`` for both, so neither overflows. Returns
-    (B, Hk, G, L, e)."""
+    """``out`` from the exact logits (B, Hk, G, [L,] K) over ``allowed`` keys (``None``: all)
+    with values ``vals`` (B, Hk, [1,] K, e) and the linear branch's ``n_lin`` in units
+    ``exp(-log_lin)`` (``None``: units 1): one row shift ``r`` for both, so neither overflows
+    (``log 0 = -inf``: a row without linear mass is shifted by its exact max). Returns
+    (B, Hk, G, [L,] e)."""
     if allowed is not None:  # None: every key (a decoding step)
         logits = logits.masked_fill(~allowed, -math.inf)
     m = logits.amax(-1, keepdim=True)  # finite: key t itself is always exact
     r = m
     if linear_on:
-        den_lin = n_lin[..., -1:]
-        lin_log = torch.where(den_lin > 0, log_lin + den_lin.clamp_min(_TINY).log(),
-                              torch.full_like(den_lin, -math.inf))
+        lin_log = n_lin[..., -1:].clamp_min(0.0).log()
+        if log_lin is not None:
+            lin_log = lin_log + log_lin
         r = torch.maximum(m, lin_log)
-    r = r.detach()
-    p = torch.exp(logits - r)  # (B, Hk, G, L, K)
-    g = gamma.view(1, p.shape[1], p.shape[2], 1, 1).to(p.dtype)
+    if r.requires_grad:
+        r = r.detach()
+    p = torch.exp(logits - r)
+    g = _as(gamma.view(1, p.shape[1], p.shape[2], *[1] * (p.ndim - 3)), p.dtype)
     num = g * (p @ vals)
     den = g * p.sum(-1, keepdim=True)
     if linear_on:
-        scale = torch.exp(log_lin - r)
-        num = num + n_lin[..., :-1] * scale
-        den = den + n_lin[..., -1:] * scale
+        scale = torch.exp(-r if log_lin is None else log_lin - r)
+        num = torch.addcmul(num, n_lin[..., :-1], scale)
+        den = torch.addcmul(den, n_lin[..., -1:], scale)
     return num / den.clamp_min(_TINY)
 
 
@@ -161,7 +165,7 @@ def _parallel(q, k, v, gamma, window, sinks, linear, chunk, linear_on):
         allowed = (pos[None] <= t) & ((pos[None] < sinks) | (pos[None] > t - window))
         logits = qg[:, :, :, t0:t1] @ kb.unsqueeze(2).transpose(-1, -2)  # (B, Hk, G, c, K)
         nl = n_lin[..., t0:t1, :] if linear_on else None
-        ll = log_lin[..., t0:t1, :] if linear_on else None
+        ll = log_lin[..., t0:t1, :] if linear_on and log_lin is not None else None
         outs.append(_combine(logits, allowed, vb.unsqueeze(2), nl, ll, gamma, linear_on))
     out = _ungroup(torch.cat(outs, -2))
     if not linear_on:
@@ -214,7 +218,7 @@ def _continue(q, k, v, gamma, window, sinks, linear, chunk, state, linear_on):
         kb, vb = cand_k[:, :, keep], cand_v[:, :, keep]
         logits = qg[:, :, :, b0:b1] @ kb.unsqueeze(2).transpose(-1, -2)  # (B, Hk, G, c, K)
         nl = n_lin[..., b0:b1, :] if linear_on else None
-        ll = log_lin[..., b0:b1, :] if linear_on else None
+        ll = log_lin[..., b0:b1, :] if linear_on and log_lin is not None else None
         outs.append(_combine(logits, allowed[:, keep], vb.unsqueeze(2), nl, ll, gamma,
                              linear_on))
     out = _ungroup(torch.cat(outs, -2))
@@ -237,7 +241,7 @@ def _step(q, k, v, gamma, window, sinks, linear, state, linear_on):
     The decoding hot path, written in the fewest ops (a step is bound by how many small ops it
     dispatches, not by their arithmetic): the queries stay grouped ``(B, Hk, G, d)``, the
     leaving key updates the linear state by one ``addcmul`` (skipped while no key has left),
-    and the exact and linear terms share one row shift without the chunked form's masks."""
+    and the exact and linear terms share one row shift (:func:`_combine`, without masks)."""
     t = state.seen
     if t < sinks:
         return _step_sink(q, k, v, gamma, window, sinks, linear, state, linear_on)
@@ -265,31 +269,14 @@ def _step(q, k, v, gamma, window, sinks, linear, state, linear_on):
         kb = torch.cat([state.sink_k, ring_k[:, :, :slot + 1]], 2)  # (B, Hk, K, d)
         vb = torch.cat([state.sink_v, ring_v[:, :, :slot + 1]], 2)
     logits = qg @ kb.transpose(-1, -2)  # (B, Hk, G, K)
-    m = logits.amax(-1, keepdim=True)  # finite: key t itself is always exact
-    r = m
-    if linear_on:  # one row shift for both terms (log 0 = -inf: no linear mass yet)
-        lin_log = n[..., -1:].clamp_min(0.0).log()
-        if log_lin is not None:
-            lin_log = lin_log + log_lin
-        r = torch.maximum(m, lin_log)
-    if r.requires_grad:
-        r = r.detach()
-    p = torch.exp(logits - r)
-    g = gamma.view(1, hk, G, 1)
-    num = g * (p @ vb)  # (B, Hk, G, e)
-    den = g * p.sum(-1, keepdim=True)
-    if linear_on:
-        s = torch.exp(-r if log_lin is None else log_lin - r)
-        num = torch.addcmul(num, n[..., :-1], s)
-        den = torch.addcmul(den, n[..., -1:], s)
-    out = (num / den.clamp_min(_TINY)).reshape(B, H, 1, e)
+    out = _combine(logits, None, vb, n, log_lin, gamma, linear_on).reshape(B, H, 1, e)
     return out, HybridState(lstate, state.sink_k, state.sink_v, ring_k, ring_v, t + 1)
 
 
 def _step_linear(q, qg, k_out, v_out, leaves, linear, lstate):
     """The linear term of one step: the key ``k_out`` (B, Hk, 1, d) with value ``v_out``
     enters the state when ``leaves`` (a real key, not a sink), then the grouped queries ``qg``
-    (B, Hk, G, d) read it (:func:`.causal._favor_token`, :func:`.causal._features_token`).
+    (B, Hk, G, d) read it (:func:`.causal._favor_token`, :func:`.causal._scan_one`).
     Returns ``n`` (B, Hk, G, e + 1) in units ``exp(-log_lin)`` (``log_lin`` None: units 1) and
     the new :class:`LinearState`."""
     kind, arg = linear
@@ -309,8 +296,8 @@ def _step_linear(q, qg, k_out, v_out, leaves, linear, lstate):
     M = pq.shape[-1]
     kv = (v_out.new_zeros(B, hk, M, e + 1) if lstate is None
           else _check_state(lstate, B, hk, M, e, False, dt).kv)
-    pk = _as(phi(k_out), dt) if leaves else None  # (B, Hk, 1, M)
-    n, kv = _features_token(pq.reshape(B, hk, G, M), pk, v_out, kv)
+    pk, v1 = (_as(phi(k_out), dt), _with_one(v_out)) if leaves else (None, None)
+    n, _, kv, _ = _scan_one(pq.reshape(B, hk, G, M), pk, v1, kv, None)  # pk (B, Hk, 1, M)
     return n, None, LinearState(kv, None)
 
 
